@@ -1,0 +1,118 @@
+"""GPT-2 hyperparameters (Radford et al. 2019, "Language Models are Unsupervised
+Multitask Learners", Table 2) as one frozen dataclass.
+
+The field names follow nanoGPT; `from_hf_config` reads the `config.json` that
+ships beside every Hugging Face GPT-2 checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    """The shape of a GPT-2 model.
+
+    Attributes:
+        n_layer: number of transformer blocks.
+        n_head: attention heads per block (nh).
+        n_embd: residual stream width (C); head size hs = n_embd // n_head.
+        n_ctx: context window, the number of learned positions in `wpe`
+            (`n_positions` in `config.json`).
+        vocab_size: number of tokens (V); 50257 for every OpenAI GPT-2.
+        layer_norm_epsilon: the epsilon of every LayerNorm.
+    """
+
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    n_ctx: int = 1024
+    vocab_size: int = 50257
+    layer_norm_epsilon: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "n_ctx", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPT2Config.{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"GPT2Config.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
+            )
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def from_hf_config(cls, path: str | Path) -> "GPT2Config":
+        """Builds the config from a Hugging Face `config.json`.
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            ValueError: the file is not JSON or is not a GPT-2 config.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} not found: a model folder needs the config.json that ships with the checkpoint"
+            )
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); re-download it or fix the file") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path} must hold a JSON object with the GPT-2 hyperparameters")
+        model_type = raw.get("model_type", "gpt2")
+        if model_type != "gpt2":
+            raise ValueError(f"{path} describes a '{model_type}' model; only GPT-2 checkpoints are supported")
+        try:
+            return cls(
+                n_layer=raw["n_layer"],
+                n_head=raw["n_head"],
+                n_embd=raw["n_embd"],
+                n_ctx=raw.get("n_positions", raw.get("n_ctx", 1024)),
+                vocab_size=raw["vocab_size"],
+                layer_norm_epsilon=raw.get("layer_norm_epsilon", 1e-5),
+            )
+        except KeyError as e:
+            raise ValueError(f"{path} lacks the GPT-2 field {e}; is it a GPT-2 config.json?") from None
+
+    def to_hf_dict(self) -> dict:
+        """The `config.json` fields a Hugging Face GPT-2 checkpoint carries."""
+        return {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "n_embd": self.n_embd,
+            "n_positions": self.n_ctx,
+            "n_ctx": self.n_ctx,
+            "vocab_size": self.vocab_size,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "activation_function": "gelu_new",
+            "bos_token_id": 50256,
+            "eos_token_id": 50256,
+        }
+
+
+# The published checkpoints' shapes: handy for benchmarks with random weights.
+PRESETS: dict[str, GPT2Config] = {
+    "gpt2": GPT2Config(n_layer=12, n_head=12, n_embd=768),  # 124M
+    "gpt2-medium": GPT2Config(n_layer=24, n_head=16, n_embd=1024),  # 350M
+    "gpt2-large": GPT2Config(n_layer=36, n_head=20, n_embd=1280),  # 774M
+    "gpt2-xl": GPT2Config(n_layer=48, n_head=25, n_embd=1600),  # 1558M
+    "distilgpt2": GPT2Config(n_layer=6, n_head=12, n_embd=768),  # 82M
+}
+
+
+def preset(name: str) -> GPT2Config:
+    """The config of a published checkpoint, by its short name (`gpt2-large`) or
+    Hub id (`openai-community/gpt2-large`, `distilbert/distilgpt2`)."""
+    short = name.rsplit("/", 1)[-1]
+    if short not in PRESETS:
+        raise ValueError(f"no preset named '{name}'; choose one of {', '.join(PRESETS)}")
+    return PRESETS[short]

@@ -1,0 +1,180 @@
+"""GPT-2 (Radford et al. 2019), written out by hand.
+
+Legend: B = batch, T = tokens in this forward pass, P = positions already in the
+KV cache, C = n_embd, nh = n_head, hs = head size (C // nh), V = vocab size.
+
+The architecture is GPT-2's: token + learned position embeddings, n_layer
+pre-LayerNorm blocks (causal self-attention, then an MLP with the
+tanh-approximated GELU), a final LayerNorm, and an LM head tied to the token
+embedding. Parameter names are the checkpoint's (`wte`, `wpe`, `h.N.ln_1`,
+`h.N.attn.c_attn`, ...), so loading is a name-for-name copy (see loading.py).
+
+Weight layout: every linear layer stores its weight as (out_features,
+in_features), like `nn.Linear`. The checkpoint's Conv1D weights are stored
+(in, out); loading.py transposes them once. All products go through
+`linear.linear`, the one place where a faster CPU path can be chosen.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import GPT2Config
+from .kv_cache import KVCache
+from .linear import Linear, linear
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPT2Config, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_head = config.n_head
+        self.c_attn = Linear(config.n_embd, 3 * config.n_embd)  # x -> q, k, v
+        self.c_proj = Linear(config.n_embd, config.n_embd)
+
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None, start: int, mask: torch.Tensor | None
+    ) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        B, T, C = x.size()
+        nh, hs = self.n_head, C // self.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, 3C) -> 3 x (B, T, C)
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if cache is not None:
+            # Attend over everything cached so far plus the T new positions.
+            k, v = cache.write(self.layer, start, k, v)  # (B, nh, P + T, hs)
+        # softmax(q k^T / sqrt(hs)) v, with the causal mask over P + T keys:
+        # (B, nh, T, hs) x (B, nh, hs, P+T) -> (B, nh, T, P+T); x (B, nh, P+T, hs) -> (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(hs))
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__()
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        h = F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4C); GPT-2's "gelu_new"
+        return self.c_proj(h)
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPT2Config, layer: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = CausalSelfAttention(config, layer)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None, start: int, mask: torch.Tensor | None
+    ) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        x = x + self.attn(self.ln_1(x), cache, start, mask)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT2(nn.Module):
+    """GPT-2 language model with an optional preallocated KV cache."""
+
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding, (V, C)
+        self.wpe = nn.Embedding(config.n_ctx, config.n_embd)  # position embedding, (n_ctx, C)
+        self.h = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        # The LM head has no weight of its own: it is wte (tied), see forward.
+        init_random_weights(self)
+
+    @property
+    def device(self) -> torch.device:
+        return self.wte.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.wte.weight.dtype
+
+    def new_cache(self, batch_size: int = 1) -> KVCache:
+        """An empty KV cache sized for this model (n_ctx positions)."""
+        return KVCache(self.config, batch_size, device=self.device, dtype=self.dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cache: KVCache | None = None,
+        *,
+        last_logits_only: bool = False,
+    ) -> torch.Tensor:
+        """Runs the model on `input_ids`, continuing from `cache` if given.
+
+        Args:
+            input_ids: (B, T) LongTensor of token ids.
+            cache: a KVCache holding P earlier positions; the new tokens take
+                positions [P, P + T) and the cache grows by T. Without a cache
+                the tokens take positions [0, T).
+            last_logits_only: compute the LM head for the last position only
+                (prefill needs nothing else); the output is then (B, 1, V).
+
+        Returns:
+            (B, T, V) logits, one row per position given: row t scores the token
+            that follows input_ids[:, t].
+
+        Raises:
+            ValueError: the positions would run past the context window n_ctx.
+        """
+        B, T = input_ids.size()
+        P = 0 if cache is None else cache.length
+        if P + T > self.config.n_ctx:
+            raise ValueError(
+                f"{P + T} tokens do not fit GPT-2's context window of {self.config.n_ctx}: "
+                "use a shorter prompt or fewer new tokens"
+            )
+        if cache is not None:
+            assert cache.batch_size == B, f"cache batch {cache.batch_size} != input batch {B}"
+
+        pos = torch.arange(P, P + T, device=input_ids.device)  # (T,)
+        x = self.wte(input_ids) + self.wpe(pos)  # (B, T, C) + (T, C) -> (B, T, C)
+
+        # Query t (absolute position P + t) may see keys 0 .. P + t. One new
+        # token sees every key, so it needs no mask at all.
+        mask = None
+        if T > 1:
+            key_pos = torch.arange(P + T, device=input_ids.device)  # (P+T,)
+            mask = key_pos[None, :] <= pos[:, None]  # (T, P+T), True = may attend
+
+        for block in self.h:
+            x = block(x, cache, P, mask)  # (B, T, C)
+        if cache is not None:
+            cache.length = P + T
+
+        x = self.ln_f(x)  # (B, T, C)
+        if last_logits_only:
+            x = x[:, -1:, :]  # (B, 1, C)
+        return linear(x, self.wte.weight)  # (B, T, C) x (C, V) -> (B, T, V)
+
+
+def init_random_weights(model: GPT2, *, std: float = 0.02, generator: torch.Generator | None = None) -> GPT2:
+    """Fills `model` with random weights as GPT-2 was initialised: N(0, std)
+    for embeddings and linear weights, zero biases, unit LayerNorms.
+
+    For tests and benchmarks that need a model of a real shape without a
+    download. Returns the model.
+    """
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".ln_" in name or name.startswith("ln_"):
+                p.fill_(1.0 if name.endswith("weight") else 0.0)  # LayerNorm: unit gain, zero shift
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std, generator=generator)
+    return model

@@ -1,0 +1,109 @@
+"""Turning logits into a next-token distribution: temperature, top-k, top-p.
+
+Legend: V = vocab size; `...` = any leading dimensions (batch, positions).
+
+This is the one sampling filter of the project. The baseline, the draft model
+and the target model all go through `logits_to_probs`, so that in speculative
+sampling the draft's p_draft and the target's p_target are processed exactly
+alike (the lossless guarantee holds for the filtered target distribution).
+Filters apply in the order Hugging Face applies them: temperature, then top-k,
+then top-p (nucleus sampling, Holtzman et al. 2020).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How logits become a distribution.
+
+    Attributes:
+        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        top_k: keep only the k most likely tokens (None: all).
+        top_p: keep the smallest set of most likely tokens whose probability
+            reaches top_p (None or 1.0: all).
+    """
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be an integer >= 1 (or None for no limit), got {self.top_k!r}")
+        if self.top_p is not None and (
+            not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0)
+        ):
+            raise ValueError(f"top_p must be in (0, 1] (or None for no limit), got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """The filtered next-token distribution.
+
+    Args:
+        logits: (..., V) raw model logits, any float dtype.
+        config: the sampling settings.
+
+    Returns:
+        (..., V) float32 probabilities that sum to 1 over V. When greedy, the
+        one-hot distribution on the argmax (ties go to the lowest id), so that
+        greedy is the temperature -> 0 limit of the same rule.
+    """
+    logits = logits.float()
+    if config.greedy:
+        V = logits.size(-1)
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), V).float()  # (..., V)
+
+    logits = logits / config.temperature
+    if config.top_k is not None and config.top_k < logits.size(-1):
+        kth_best = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)  # (..., V)
+
+    if config.top_p is not None and config.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # (..., V) each
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # (..., V)
+        # Keep a token while the more likely ones have not yet reached top_p:
+        # the most likely token is always kept.
+        keep_sorted = mass_before < config.top_p  # (..., V)
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # back to vocab order
+        probs = probs * keep
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draws one token per row.
+
+    Args:
+        probs: (..., V) probabilities.
+        generator: the source of randomness (on probs' device); a seeded
+            generator reproduces the draws.
+
+    Returns:
+        (...) LongTensor of token ids.
+    """
+    V = probs.size(-1)
+    flat = probs.reshape(-1, V)  # (N, V)
+    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])  # (N, 1) -> (...)
+
+
+def next_token(
+    logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Picks the next token from (..., V) logits: the argmax when greedy,
+    otherwise a draw from `logits_to_probs`. Returns (...) LongTensor."""
+    if config.greedy:
+        return logits.argmax(dim=-1)  # (..., V) -> (...)
+    return sample(logits_to_probs(logits, config), generator)

@@ -1,0 +1,86 @@
+"""The GPT-2 byte-pair-encoding tokenizer (Radford et al. 2019, section 2.2),
+run by `tiktoken`.
+
+A Hugging Face GPT-2 folder carries the vocabulary as `vocab.json` (token
+string -> id; each byte is written as a printable character) and the merge
+rules as `merges.txt`. In GPT-2 the merge of rank r creates token 256 + r, so
+tiktoken's "mergeable ranks" are simply the vocabulary's ids; we read them from
+vocab.json and check them against merges.txt. With the files of a downloaded
+model nothing else is fetched; without them we fall back to
+`tiktoken.get_encoding("gpt2")` (which downloads and caches its own copy).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tiktoken
+
+END_OF_TEXT = "<|endoftext|>"
+END_OF_TEXT_ID = 50256
+# GPT-2's pre-tokenizer regex: contractions, letter runs, digit runs, other
+# symbol runs, and whitespace, each optionally led by one space.
+GPT2_SPLIT_PATTERN = (
+    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+)
+
+
+def byte_to_vocab_char() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table: printable,
+    non-space Latin-1 bytes stand for themselves; the other 68 bytes are
+    shifted to characters 256, 257, ... in byte order."""
+    table = {}
+    shifted = 0
+    for b in range(256):
+        ch = chr(b)
+        if ch.isprintable() and ch != " ":
+            table[b] = ch
+        else:
+            table[b] = chr(256 + shifted)
+            shifted += 1
+    return table
+
+
+def read_mergeable_ranks(vocab_json: Path, merges_txt: Path) -> dict[bytes, int]:
+    """Token bytes -> id for every BPE token (the special token excluded).
+
+    Raises:
+        ValueError: the files are not a GPT-2 vocabulary or do not match.
+    """
+    char_to_byte = {ch: b for b, ch in byte_to_vocab_char().items()}
+    try:
+        vocab = json.loads(Path(vocab_json).read_text(encoding="utf-8"))
+        merges = Path(merges_txt).read_text(encoding="utf-8").splitlines()
+        ranks = {
+            bytes(char_to_byte[ch] for ch in token): i for token, i in vocab.items() if token != END_OF_TEXT
+        }
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as e:
+        raise ValueError(f"{vocab_json} is not a GPT-2 vocab.json ({type(e).__name__}): download it again") from None
+    merges = [line for line in merges if line and not line.startswith("#version")]
+    # Each merge "a b" of rank r must have created the token a+b with id 256 + r.
+    for r in (0, len(merges) // 2, len(merges) - 1):
+        parts = merges[r].split(" ") if merges else []
+        merged = bytes(char_to_byte.get(ch, 0) for ch in "".join(parts))
+        if len(parts) != 2 or ranks.get(merged) != 256 + r:
+            raise ValueError(f"{merges_txt} does not match {vocab_json}: take both from the same model folder")
+    return ranks
+
+
+def load_tokenizer(folder: str | Path | None = None) -> tiktoken.Encoding:
+    """The GPT-2 tokenizer, from `folder`'s vocab.json + merges.txt if present,
+    otherwise tiktoken's "gpt2" encoding (which needs its own files once).
+
+    End-of-text is token 50256 ("<|endoftext|>").
+    """
+    if folder is not None:
+        vocab, merges = Path(folder) / "vocab.json", Path(folder) / "merges.txt"
+        if vocab.is_file() and merges.is_file():
+            ranks = read_mergeable_ranks(vocab, merges)
+            return tiktoken.Encoding(
+                name="gpt2",
+                pat_str=GPT2_SPLIT_PATTERN,
+                mergeable_ranks=ranks,
+                special_tokens={END_OF_TEXT: END_OF_TEXT_ID},
+            )
+    return tiktoken.get_encoding("gpt2")
