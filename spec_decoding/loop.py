@@ -1,0 +1,153 @@
+"""Speculative decoding (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023,
+Algorithm 2): a drafter proposes K = gamma tokens, the target scores all K + 1
+positions in one forward pass, and a pure rule (acceptance.py) decides how many
+to keep.
+
+Legend: S = committed sequence length, K = tokens drafted this step, V = vocab.
+
+Both models keep a KV cache across steps and never recompute the sequence.
+Invariant at the top of every step: the committed sequence is seq[:S]; the
+target's cache holds positions [0, S - 1), so its last committed token is
+"pending" and is the first of the K + 1 tokens it verifies. After verification
+the target's cache is rewound to the S + n positions whose tokens stand (the
+old sequence plus the n accepted drafts); the token the target appended becomes
+the new pending token. The drafter's cache is rewound the same way and catches
+up on what it has not seen the next time it drafts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from gpt2.generate import check_max_new_tokens, check_prompt
+from gpt2.model import GPT2
+from gpt2.sampling import SamplingConfig, logits_to_probs
+
+from .acceptance import speculative_sampling, speculative_sampling_greedy
+from .drafters import Draft, ModelDrafter
+from .stats import SpecStats
+
+
+def _clock(device: torch.device) -> float:
+    """Wall time, after the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: GPT2,
+    draft: GPT2 | ModelDrafter,
+    input_ids: torch.Tensor,
+    *,
+    gamma: int,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+    on_step=None,
+) -> tuple[torch.Tensor, SpecStats]:
+    """Generates like `gpt2.generate(target, ...)`, several tokens per target call.
+
+    Greedy (temperature 0) output is token-for-token that of greedy decoding of
+    the target alone; sampled output has exactly the target's (filtered)
+    distribution. Stopping follows the baseline: after `max_new_tokens`, after
+    the first `eos_id` (kept, nothing follows it), or at the target's context
+    window. Near the end, fewer than gamma tokens are drafted so no model ever
+    runs past its context window or past the token budget.
+
+    Args:
+        target: the large model whose output is reproduced.
+        draft: a small GPT-2 (wrapped in a ModelDrafter) or any drafter.
+        input_ids: (1, T) prompt token ids on the target's device.
+        gamma: tokens drafted per step, >= 1.
+        max_new_tokens: the most tokens to add.
+        temperature, top_k, top_p: the one sampling filter, applied alike to
+            draft and target; temperature 0 is greedy.
+        eos_id: end-of-text token id, or None.
+        generator: randomness for drafting and verification; the same seed
+            reproduces the output.
+        on_step: optional callback `on_step(verdict_tokens, num_accepted)`
+            called after each step with the tokens it committed (for streaming).
+
+    Returns:
+        (1, T + n) LongTensor of prompt + new tokens, and the run's SpecStats.
+
+    Raises:
+        ValueError: bad settings, a prompt that does not fit, batch size > 1,
+            or draft and target with different vocabularies.
+    """
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1 (tokens drafted per step), got {gamma!r}")
+    check_max_new_tokens(max_new_tokens)
+    drafter = draft if isinstance(draft, ModelDrafter) else ModelDrafter(draft)
+    if drafter.vocab_size != target.config.vocab_size:
+        raise ValueError(
+            f"draft and target have different vocabularies ({drafter.vocab_size} vs "
+            f"{target.config.vocab_size} tokens): pick a draft model from the target's family"
+        )
+    check_prompt(input_ids, min(target.config.n_ctx, drafter.n_ctx), target.config.vocab_size)
+    if input_ids.size(0) != 1:
+        raise ValueError(f"speculative decoding runs one sequence at a time: got a batch of {input_ids.size(0)}")
+
+    device = input_ids.device
+    T = input_ids.size(1)
+    max_len = T + min(max_new_tokens, target.config.n_ctx - T)  # as the baseline: never past n_ctx
+    seq = torch.empty(1, max_len, dtype=torch.long, device=device)  # (1, max_len) committed tokens
+    seq[:, :T] = input_ids
+    S = T
+    stats = SpecStats(gamma)
+
+    # Prefill: both caches take every prompt token but the last (the pending one).
+    target_cache = target.new_cache(1)
+    if T > 1:
+        target(seq[:, : T - 1], target_cache, last_logits_only=True)
+    drafter.prefill(seq[:, : T - 1])
+
+    while S < max_len:
+        # The step emits at most K + 1 tokens: K shrinks near the end.
+        K = min(gamma, max_len - S - 1, drafter.max_draft(S))
+
+        t0 = _clock(device)
+        if K > 0:
+            proposal = drafter.propose(seq[:, :S], K, sampling, generator)
+        else:  # no room to draft: a plain target step
+            proposal = Draft(tokens=seq.new_empty(0), probs=None, forward_calls=0)
+            if not sampling.greedy:
+                proposal.probs = torch.empty(0, target.config.vocab_size, device=device)
+        t1 = _clock(device)
+
+        verify_ids = torch.cat([seq[0, S - 1 : S], proposal.tokens])  # (K + 1,): pending token + drafts
+        logits = target(verify_ids[None], target_cache)[0]  # (1, K + 1) -> (K + 1, V)
+        if sampling.greedy:
+            verdict = speculative_sampling_greedy(logits, proposal.tokens)
+        else:
+            target_probs = logits_to_probs(logits, sampling)  # (K + 1, V)
+            verdict = speculative_sampling(target_probs, proposal.probs, proposal.tokens, generator=generator)
+        t2 = _clock(device)
+
+        new = verdict.tokens  # n accepted drafts + the target's token
+        if eos_id is not None and eos_id in new:
+            new = new[: new.index(eos_id) + 1]  # nothing follows end-of-text
+            stats.stopped_at_eos = True
+        seq[0, S : S + len(new)] = torch.tensor(new, device=device)
+        # Keep the positions whose tokens stand: the old sequence and the accepted drafts.
+        target_cache.rewind(S + verdict.num_accepted)
+        drafter.rewind(S + verdict.num_accepted)
+        S += len(new)
+
+        stats.record_step(K, verdict.num_accepted, len(new))
+        stats.draft_calls += proposal.forward_calls
+        stats.draft_seconds += t1 - t0
+        stats.verify_seconds += t2 - t1
+        if on_step is not None:
+            on_step(new, min(verdict.num_accepted, len(new)))
+        if stats.stopped_at_eos:
+            break
+    return seq[:, :S], stats
