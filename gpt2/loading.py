@@ -97,7 +97,9 @@ def local_folder_for(repo_id: str, weights_dir: str | Path | None = None) -> Pat
 def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
     """Fetches config.json, model.safetensors, vocab.json and merges.txt of a
     Hub repo into `local_folder_for(repo_id)` (progress bars from
-    huggingface_hub), unless they are already there. Returns the folder.
+    huggingface_hub), unless config.json and model.safetensors are already
+    there. A repo without vocab.json/merges.txt is fine (the tokenizer falls
+    back to tiktoken's). Returns the folder.
 
     Honours HF_ENDPOINT (the tests point it at a local server).
 
@@ -106,9 +108,11 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
         FileNotFoundError: the Hub cannot be reached and there is no local copy.
     """
     folder = local_folder_for(repo_id, weights_dir)
-    wanted = MODEL_FILES + TOKENIZER_FILES
-    if all((folder / f).is_file() for f in wanted):
-        return folder  # downloaded before: no network needed
+    if all((folder / f).is_file() for f in MODEL_FILES):
+        return folder  # downloaded before: no network needed (some repos have no tokenizer files)
+    # model.safetensors comes last: once it is there, the tokenizer files were
+    # fetched or found absent, so a later run never needs to ask again.
+    wanted = ("config.json", *TOKENIZER_FILES, "model.safetensors")
 
     # Imported here so that loading a local folder never needs the library.
     from huggingface_hub import hf_hub_download
@@ -132,6 +136,8 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
                 f"no model '{repo_id}' on the Hugging Face Hub: check the name (e.g. gpt2, gpt2-large, "
                 "distilgpt2, openai-community/gpt2-xl) or pass a local folder with config.json and model.safetensors"
             ) from None
+        except LocalEntryNotFoundError as e:  # no network; it subclasses EntryNotFoundError, so it comes first
+            raise cannot_download(repo_id, folder, e) from None
         except EntryNotFoundError:
             if filename in TOKENIZER_FILES:
                 continue  # the tokenizer falls back to tiktoken's own GPT-2 files
@@ -139,23 +145,24 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
                 f"'{repo_id}' on the Hugging Face Hub has no {filename}; only GPT-2 checkpoints saved as "
                 "safetensors can be loaded"
             ) from None
-        except (LocalEntryNotFoundError, OSError) as e:
+        except OSError as e:
             if isinstance(e, ValueError):
                 raise
-            raise FileNotFoundError(
-                f"cannot download '{repo_id}' (no network? {type(e).__name__}) and there is no local copy in "
-                f"{folder}: connect to the internet once, or put config.json and model.safetensors of "
-                f"'{repo_id}' into {folder}, or pass a local model folder instead"
-            ) from None
+            raise cannot_download(repo_id, folder, e) from None
         except Exception as e:  # httpx errors that are not OSError: the network is the problem
             if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3"):
-                raise FileNotFoundError(
-                    f"cannot download '{repo_id}' ({type(e).__name__}) and there is no local copy in {folder}: "
-                    f"connect to the internet once, or put config.json and model.safetensors of '{repo_id}' "
-                    f"into {folder}, or pass a local model folder instead"
-                ) from None
+                raise cannot_download(repo_id, folder, e) from None
             raise
     return folder
+
+
+def cannot_download(repo_id: str, folder: Path, error: Exception) -> FileNotFoundError:
+    """The error for a repo that cannot be fetched (no network) and has no local copy."""
+    return FileNotFoundError(
+        f"cannot download '{repo_id}' (no network? {type(error).__name__}) and there is no local copy in "
+        f"{folder}: connect to the internet once, or put config.json and model.safetensors of "
+        f"'{repo_id}' into {folder}, or pass a local model folder instead"
+    )
 
 
 def resolve_source(source: str | Path, weights_dir: str | Path | None = None) -> Path:

@@ -10,8 +10,8 @@ target's distribution is always `p_target` / `target_probs` and the draft's
 Nothing here calls a model or touches a cache: each function takes the target's
 scores at the K + 1 verified positions, the K drafted tokens (and, for
 sampling, the draft's distributions and the randomness) and returns a
-`Verdict`. Row i of the target's scores is its prediction for the token at
-draft position i, given the prefix and drafted tokens 1..i-1; row K predicts
+`Verdict`. Row i (i = 0..K) of the target's scores is its prediction for
+drafted token i + 1, given the prefix and drafted tokens 1..i; row K predicts
 the token after the whole draft (the "bonus" token).
 """
 

@@ -51,6 +51,7 @@ def speculative_generate(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     on_step=None,
+    stats: SpecStats | None = None,
 ) -> tuple[torch.Tensor, SpecStats]:
     """Generates like `gpt2.generate(target, ...)`, several tokens per target call.
 
@@ -74,6 +75,9 @@ def speculative_generate(
             reproduces the output.
         on_step: optional callback `on_step(verdict_tokens, num_accepted)`
             called after each step with the tokens it committed (for streaming).
+        stats: optional fresh `SpecStats(gamma)` to count into, so that the
+            caller can still read the counts if the run is interrupted
+            (Ctrl-C); a new one is made if None.
 
     Returns:
         (1, T + n) LongTensor of prompt + new tokens, and the run's SpecStats.
@@ -102,7 +106,9 @@ def speculative_generate(
     seq = torch.empty(1, max_len, dtype=torch.long, device=device)  # (1, max_len) committed tokens
     seq[:, :T] = input_ids
     S = T
-    stats = SpecStats(gamma)
+    if stats is None:
+        stats = SpecStats(gamma)
+    assert stats.gamma == gamma and stats.target_calls == 0, "stats must be a fresh SpecStats(gamma)"
 
     # Prefill: both caches take every prompt token but the last (the pending one).
     target_cache = target.new_cache(1)

@@ -1,0 +1,233 @@
+"""The gamma sweep benchmark (benchmarks/gamma_sweep.py, sweep_report.py):
+a tiny sweep writes all four outputs with the documented columns, the
+prediction formula on known values, the simulated drafter's acceptance rate,
+and greedy output under simulation. Speed itself is never asserted here."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.common import run_cli
+from benchmarks.gamma_sweep import main
+from benchmarks.sweep_report import (
+    COLUMNS,
+    PEER_COLUMNS,
+    leviathan_alpha,
+    predicted_speedup,
+    predicted_speedup_with_start,
+)
+from gpt2 import GPT2, GPT2Config, generate, init_random_weights
+from spec_decoding import SimulatedDrafter, SpecStats, speculative_generate
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+OUTPUTS = ("sweep.md", "sweep.csv", "sweep.json", "speedup_vs_gamma.png", "acceptance_per_position.png")
+# The smallest sweep that still has two gammas and two lengths.
+TINY_SWEEP = ["--tiny", "--gamma", "1", "3", "--max-gen", "6", "10", "--prompts", "2", "--repeats", "2",
+              "--component-calls", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The tiny models here are latency-bound: a second OpenMP thread only adds
+    synchronisation (and spins when the machine is shared), so run on one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames), list(reader)
+
+
+# ---------------------------------------------------------------------------
+# The prediction formula
+# ---------------------------------------------------------------------------
+
+
+def test_predicted_speedup_known_values():
+    # alpha 0.8, gamma 4: E = (1 - 0.8^5) / 0.2 = 3.3616 tokens per step; a step
+    # costs 4 * 1 + 12 = 16 while plain decoding costs 10 per token.
+    assert predicted_speedup(0.8, 4, t_draft=1.0, t_target=10.0, t_verify=12.0) == pytest.approx(3.3616 * 10 / 16)
+    # alpha 0: one token per step, so only the costs matter.
+    assert predicted_speedup(0.0, 2, t_draft=1.0, t_target=10.0, t_verify=10.0) == pytest.approx(10 / 12)
+    # alpha 1: every draft accepted, gamma + 1 tokens per step.
+    assert predicted_speedup(1.0, 3, t_draft=2.0, t_target=10.0, t_verify=11.0) == pytest.approx(4 * 10 / 17)
+
+
+@pytest.mark.parametrize("alpha, gamma, c", [(0.6, 2, 0.05), (0.8, 5, 0.1), (0.9, 8, 0.02)])
+def test_predicted_speedup_is_leviathans_factor_when_verifying_costs_one_step(alpha, gamma, c):
+    # Leviathan et al. 2023, Theorem 3.8: (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)).
+    leviathan = (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
+    assert predicted_speedup(alpha, gamma, t_draft=c * 0.3, t_target=0.3, t_verify=0.3) == pytest.approx(leviathan)
+
+
+def test_prediction_with_start_up_costs():
+    # alpha 1, gamma 1: E = 2 tokens per step of 1 + 10; 10 tokens = 5 steps.
+    # Baseline 20 + 10 * 10 = 120, speculative 20 + 5 + 5 * 11 = 80.
+    args = dict(alpha=1.0, gamma=1, n=10, t_draft=1.0, t_target=10.0, t_verify=10.0)
+    assert predicted_speedup_with_start(**args, t_start_target=20.0, t_start_draft=5.0) == pytest.approx(1.5)
+    # Without start-up costs it is the per-step prediction.
+    assert predicted_speedup_with_start(**args, t_start_target=0.0, t_start_draft=0.0) == pytest.approx(
+        predicted_speedup(1.0, 1, t_draft=1.0, t_target=10.0, t_verify=10.0)
+    )
+
+
+def test_alpha_counts_only_the_drafted_tokens_verification_reached():
+    stats = SpecStats(gamma=4)
+    stats.record_step(drafted=4, accepted=1, emitted=2)  # positions 1, 2 judged: 1 accepted
+    stats.record_step(drafted=4, accepted=4, emitted=5)  # positions 1..4 judged: all accepted
+    assert leviathan_alpha([stats]) == pytest.approx(5 / 6)
+    assert stats.acceptance_rate == pytest.approx(5 / 8)  # accepted / drafted: a different number
+
+
+# ---------------------------------------------------------------------------
+# The simulated drafter
+# ---------------------------------------------------------------------------
+
+ALPHA, GAMMA = 0.7, 4
+
+
+def small_model(config: GPT2Config, seed: int) -> GPT2:
+    # Cheap forwards: the statistics matter here, not the model. std 0.3 (not
+    # GPT-2's 0.02) so that greedy decoding wanders over many tokens.
+    return init_random_weights(GPT2(config), std=0.3, generator=torch.Generator().manual_seed(seed)).eval()
+
+
+@pytest.fixture(scope="module")
+def simulated_runs():
+    """Greedy speculative runs with a SimulatedDrafter at ALPHA, beside the
+    baseline each one uses as its reference: (baselines, outputs, stats)."""
+    target = small_model(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=128), seed=0)
+    draft = small_model(GPT2Config(n_layer=1, n_head=1, n_embd=8, vocab_size=128), seed=1)
+    g = torch.Generator().manual_seed(0)
+    baselines, outputs, stats = [], [], []
+    for run in range(5):
+        prompt = torch.randint(128, (1, 8), generator=g)
+        reference = generate(target, prompt, 300)
+        drafter = SimulatedDrafter(draft, reference, ALPHA, seed=run)
+        out, st = speculative_generate(target, drafter, prompt, gamma=GAMMA, max_new_tokens=300)
+        baselines.append(reference)
+        outputs.append(out)
+        stats.append(st)
+    return baselines, outputs, stats
+
+
+def test_simulated_acceptance_is_alpha_within_four_standard_errors(simulated_runs):
+    _, _, stats = simulated_runs
+    drafted = sum(s.drafted for s in stats)
+    reached = sum(sum(s.reached_at) for s in stats)
+    assert drafted >= 2000, f"only {drafted} drafted positions: the check needs more"
+    # Each reached position is one Bernoulli(ALPHA) trial.
+    tolerance = 4 * math.sqrt(ALPHA * (1 - ALPHA) / reached)
+    assert abs(leviathan_alpha(stats) - ALPHA) < tolerance, (leviathan_alpha(stats), reached)
+
+
+def test_greedy_output_under_simulation_equals_the_baseline(simulated_runs):
+    baselines, outputs, _ = simulated_runs
+    for baseline, out in zip(baselines, outputs):
+        assert torch.equal(out, baseline)
+
+
+# ---------------------------------------------------------------------------
+# The whole sweep on tiny models
+# ---------------------------------------------------------------------------
+
+
+def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path):
+    assert main(TINY_SWEEP + ["--out", str(tmp_path)]) == 0
+    for name in OUTPUTS:
+        assert (tmp_path / name).is_file() and (tmp_path / name).stat().st_size > 0, name
+    for name in OUTPUTS[3:]:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+    header, rows = read_csv(tmp_path / "sweep.csv")
+    assert header == list(COLUMNS)
+    assert [(int(r["max_gen"]), int(r["gamma"])) for r in rows] == [(6, 1), (6, 3), (10, 1), (10, 3)]
+    for r in rows:
+        assert r["alpha_sim"] == ""  # the real draft
+        assert int(r["tokens"]) == 2 * int(r["max_gen"])  # two prompts, end-of-text ignored
+        assert float(r["speedup_min"]) <= float(r["speedup"]) <= float(r["speedup_max"])
+        assert float(r["efficiency"]) == pytest.approx(float(r["speedup"]) / float(r["predicted_speedup"]))
+        assert float(r["c"]) == pytest.approx(float(r["t_draft_ms"]) / float(r["t_target_ms"]))
+        assert r["identical_runs"] == r["compared_runs"] == "4"  # greedy: 2 prompts x 2 repeats, all lossless
+
+    report = json.loads((tmp_path / "sweep.json").read_text())
+    for key in ("device", "device_name", "dtype", "torch", "threads", "models", "date"):
+        assert key in report["environment"], key
+    assert report["environment"]["models"]["target"].startswith("tiny-target")
+    assert list(report["columns"]) == list(COLUMNS)
+    assert len(report["rows"]) == 4 and len(report["cells"][1]["position_acceptance"]) == 3
+
+    md = (tmp_path / "sweep.md").read_text()
+    assert "RANDOM WEIGHTS" in md and "SIMULATED" not in md
+    assert "| max_gen | γ | speedup [min-max] | tok/s spec | tok/s base | α |" in md
+    assert "predicted | efficiency |" in md
+
+
+def test_simulated_sweep_is_labelled_and_controls_acceptance(tmp_path):
+    assert main(TINY_SWEEP + ["--simulate-acceptance", "0.5", "1.0", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "sweep.md").read_text()
+    assert "SIMULATED ACCEPTANCE (alpha_sim = 0.5, 1)" in md and "| α_sim |" in md
+    report = json.loads((tmp_path / "sweep.json").read_text())
+    assert report["simulated_acceptance"] == [0.5, 1.0]
+    assert any("SIMULATED ACCEPTANCE" in label for label in report["labels"])
+
+    _, rows = read_csv(tmp_path / "sweep.csv")
+    assert len(rows) == 8
+    for r in rows:
+        assert r["identical_runs"] == r["compared_runs"] == "4"  # greedy output unchanged by the simulation
+        if float(r["alpha_sim"]) == 1.0:
+            assert float(r["alpha"]) == 1.0
+            assert float(r["accepted_over_drafted"]) == 1.0
+
+
+def test_peer_transformers_runs_beside_ours(tmp_path):
+    pytest.importorskip("transformers")
+    args = ["--tiny", "--draft-equals-target", "--peer", "transformers", "--gamma", "2", "--max-gen", "6",
+            "--prompts", "1", "--repeats", "1", "--component-calls", "1", "--no-progress", "--out", str(tmp_path)]
+    assert main(args) == 0
+    header, rows = read_csv(tmp_path / "sweep.csv")
+    assert header == list(COLUMNS) + list(PEER_COLUMNS)
+    (row,) = rows
+    assert float(row["alpha"]) == 1.0  # the target drafting for itself
+    assert float(row["hf_speedup"]) > 0 and float(row["ours_over_hf"]) > 0
+    assert row["hf_identical_runs"] == "1"  # the same weights give transformers the same greedy tokens
+    assert "HF speedup" in (tmp_path / "sweep.md").read_text()
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tiny", "--simulate-acceptance", "1.5"], "must lie in [0, 1]"),
+        (["--tiny", "--simulate-acceptance", "0.5", "--temperature", "0.8"], "greedy decoding only"),
+        (["--tiny", "--simulate-acceptance", "0.5", "--peer", "transformers"], "cannot simulate"),
+        (["--random-weights", "--target", "gpt9"], "no preset named 'gpt9'"),
+    ],
+)
+def test_user_mistakes_exit_with_one_line(args, message, capsys, tmp_path):
+    assert run_cli(main, args + ["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_runs_as_a_script_by_path():
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gamma_sweep.py"), "--help"],
+                          capture_output=True, text=True, cwd=REPO_ROOT.parent, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--simulate-acceptance" in done.stdout

@@ -1,0 +1,268 @@
+"""Baseline generation (gpt2/generate.py) and the one sampling filter
+(gpt2/sampling.py).
+
+Greedy decoding is checked token for token against transformers' `generate`
+with the same weights; sampling against a seeded `torch.Generator`; the filter
+on hand-made logits whose answers can be worked out by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import TINY, hub_state_dict, make_hf_model, write_checkpoint
+from gpt2 import SamplingConfig, generate, load_model, logits_to_probs, next_token, sample
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """(our tiny GPT-2, transformers' GPT2LMHeadModel), same weights via model.safetensors."""
+    hf = make_hf_model(TINY, seed=11)
+    folder = write_checkpoint(tmp_path_factory.mktemp("tiny"), TINY, hub_state_dict(hf))
+    return load_model(folder), hf
+
+
+def prompt(B: int = 1, T: int = 8, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, TINY.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------------------
+# generate
+# ---------------------------------------------------------------------------
+
+
+def test_greedy_equals_transformers_greedy_token_for_token(models):
+    ours, hf = models
+    ids = prompt(B=2, T=8)
+    got = generate(ours, ids, 40)
+    with torch.no_grad():
+        expected = hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False, pad_token_id=0
+        )
+    assert got.shape == (2, 48)
+    assert torch.equal(got[:, :8], ids), "the prompt comes first, unchanged"
+    assert got.tolist() == expected.tolist()
+
+
+def test_greedy_is_deterministic(models):
+    ours, _ = models
+    ids = prompt(seed=1)
+    assert torch.equal(generate(ours, ids, 20), generate(ours, ids, 20))
+
+
+def test_sampling_with_the_same_seed_reproduces_and_another_seed_differs(models):
+    ours, _ = models
+    ids = prompt(seed=2)
+
+    def run(seed: int) -> torch.Tensor:
+        return generate(ours, ids, 30, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+
+    first = run(123)
+    assert first.shape == (1, 38)
+    assert torch.equal(first, run(123))
+    assert not torch.equal(first, run(124))
+    assert not torch.equal(first, generate(ours, ids, 30)), "sampling at temperature 1 is not greedy"
+
+
+def test_sampling_with_top_k_1_is_greedy(models):
+    ours, _ = models
+    ids = prompt(seed=3)
+    sampled = generate(ours, ids, 15, temperature=0.7, top_k=1, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sampled, generate(ours, ids, 15))
+
+
+def test_eos_stops_generation_and_is_kept_as_the_last_token(models):
+    ours, _ = models
+    ids = prompt(seed=4)
+    free = generate(ours, ids, 20)[0, 8:].tolist()  # greedy, never stopped
+    # The first token that greedy decoding produces for the first time at a
+    # step k >= 2: with it as EOS, the output must end right at step k.
+    k = next(k for k in range(2, len(free)) if free[k] not in free[:k])
+    eos_id = free[k]
+
+    stopped = generate(ours, ids, 20, eos_id=eos_id)
+    assert stopped[0].tolist() == ids[0].tolist() + free[: k + 1]
+    assert stopped[0, -1].item() == eos_id
+
+
+def test_a_row_that_ends_early_is_padded_with_eos(models):
+    ours, _ = models
+    ids = prompt(B=2, T=8, seed=4)
+    free = generate(ours, ids, 12)[:, 8:].tolist()  # (2, 12) greedy, never stopped
+    # A token that row 0 produces first at step k >= 1 and row 1 never produces.
+    k = next(k for k in range(1, 12) if free[0][k] not in free[0][:k] and free[0][k] not in free[1])
+    eos_id = free[0][k]
+
+    out = generate(ours, ids, 12, eos_id=eos_id)
+    assert out.shape == (2, 20), "row 1 never ends, so all 12 steps run"
+    assert out[0, 8:].tolist() == free[0][: k + 1] + [eos_id] * (11 - k)
+    assert out[1, 8:].tolist() == free[1]
+
+
+def test_the_context_window_stops_generation(models):
+    ours, _ = models
+    n_ctx = TINY.n_ctx
+    ids = prompt(T=n_ctx - 5, seed=6)
+    out = generate(ours, ids, 20)
+    assert out.shape == (1, n_ctx)
+    assert torch.equal(out[:, : n_ctx - 5], ids)
+
+    last = generate(ours, prompt(T=n_ctx - 1, seed=7), 10, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert last.shape == (1, n_ctx), "one token of room: one new token"
+
+
+def test_zero_new_tokens_returns_the_prompt(models):
+    ours, _ = models
+    ids = prompt(seed=8)
+    assert torch.equal(generate(ours, ids, 0), ids)
+
+
+@pytest.mark.parametrize(
+    "make_ids, match",
+    [
+        (lambda: prompt(T=TINY.n_ctx), rf"{TINY.n_ctx} tokens but the context window is {TINY.n_ctx}"),
+        (lambda: prompt(T=TINY.n_ctx + 3), "context window"),
+        (lambda: torch.zeros(1, 0, dtype=torch.long), "empty"),
+        (lambda: torch.tensor([1, 2, 3]), r"\(batch, tokens\) tensor"),
+        (lambda: torch.tensor([[1.0, 2.0]]), "integer token ids"),
+        (lambda: torch.tensor([[1, TINY.vocab_size]]), rf"token ids must lie in \[0, {TINY.vocab_size}\)"),
+        (lambda: torch.tensor([[-1, 2]]), "token ids must lie in"),
+    ],
+    ids=["prompt_fills_context", "prompt_too_long", "empty", "1d", "float", "id_too_large", "negative_id"],
+)
+def test_bad_prompts_raise_value_error(models, make_ids, match):
+    ours, _ = models
+    with pytest.raises(ValueError, match=match):
+        generate(ours, make_ids(), 5)
+
+
+@pytest.mark.parametrize("max_new_tokens", [-1, 2.5, True, "10"])
+def test_bad_max_new_tokens_raises_value_error(models, max_new_tokens):
+    ours, _ = models
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0"):
+        generate(ours, prompt(), max_new_tokens)
+
+
+@pytest.mark.parametrize(
+    "setting, match",
+    [
+        ({"temperature": -0.5}, "temperature must be a number >= 0"),
+        ({"temperature": float("nan")}, "temperature must be a number >= 0"),
+        ({"temperature": float("inf")}, "temperature must be a number >= 0"),
+        ({"temperature": 1.0, "top_k": 0}, "top_k must be an integer >= 1"),
+        ({"temperature": 1.0, "top_k": 2.5}, "top_k must be an integer >= 1"),
+        ({"temperature": 1.0, "top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+        ({"temperature": 1.0, "top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+    ],
+)
+def test_bad_sampling_settings_raise_value_error(models, setting, match):
+    ours, _ = models
+    with pytest.raises(ValueError, match=match):
+        generate(ours, prompt(), 5, **setting)
+
+
+# ---------------------------------------------------------------------------
+# logits_to_probs, on hand-made logits
+# ---------------------------------------------------------------------------
+
+# Probabilities 0.5, 0.3, 0.15, 0.05, stored out of order to check that the
+# filters map their decisions back to vocabulary order.
+HAND_PROBS = torch.tensor([0.15, 0.5, 0.05, 0.3])
+HAND_LOGITS = HAND_PROBS.log()
+
+
+def kept(probs: torch.Tensor) -> set[int]:
+    return set(torch.nonzero(probs > 0).flatten().tolist())
+
+
+def test_greedy_is_one_hot_on_the_argmax_with_ties_to_the_lowest_id():
+    logits = torch.tensor([[0.1, 2.0, -1.0, 2.0], [5.0, 0.0, 0.0, 0.0]])
+    probs = logits_to_probs(logits, SamplingConfig(temperature=0.0))
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+    assert next_token(logits, SamplingConfig()).tolist() == [1, 0]
+
+
+def test_temperature_divides_the_logits():
+    logits = torch.tensor([1.0, 2.0, 4.0, -3.0])
+    for temperature in (0.5, 1.0, 3.0):
+        probs = logits_to_probs(logits, SamplingConfig(temperature=temperature))
+        assert torch.allclose(probs, torch.softmax(logits / temperature, dim=-1), atol=1e-7)
+    # Lower temperature sharpens: the most likely token gains probability.
+    cold = logits_to_probs(logits, SamplingConfig(temperature=0.5))
+    hot = logits_to_probs(logits, SamplingConfig(temperature=3.0))
+    assert cold[2] > hot[2]
+
+
+@pytest.mark.parametrize("k, expected", [(1, {1}), (2, {1, 3}), (3, {0, 1, 3}), (4, {0, 1, 2, 3}), (10, {0, 1, 2, 3})])
+def test_top_k_keeps_exactly_the_k_most_likely(k, expected):
+    probs = logits_to_probs(HAND_LOGITS, SamplingConfig(temperature=1.0, top_k=k))
+    assert kept(probs) == expected
+    # The kept tokens keep their relative odds, renormalised.
+    idx = sorted(expected)
+    assert torch.allclose(probs[idx], HAND_PROBS[idx] / HAND_PROBS[idx].sum(), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "p, expected",
+    [
+        (0.4, {1}),  # 0.5 alone reaches 0.4
+        (0.6, {1, 3}),  # 0.5 < 0.6 <= 0.5 + 0.3
+        (0.85, {1, 3, 0}),  # 0.8 < 0.85 <= 0.95
+        (0.99, {1, 3, 0, 2}),
+        (1.0, {1, 3, 0, 2}),
+    ],
+)
+def test_top_p_keeps_the_smallest_set_reaching_p(p, expected):
+    probs = logits_to_probs(HAND_LOGITS, SamplingConfig(temperature=1.0, top_p=p))
+    assert kept(probs) == expected
+    idx = sorted(expected)
+    assert torch.allclose(probs[idx], HAND_PROBS[idx] / HAND_PROBS[idx].sum(), atol=1e-6)
+
+
+def test_top_p_stops_as_soon_as_the_mass_reaches_p_exactly():
+    # Four equal logits: each probability is exactly 0.25, so two tokens reach
+    # top_p = 0.5 exactly and a third is not needed.
+    probs = logits_to_probs(torch.zeros(4), SamplingConfig(temperature=1.0, top_p=0.5))
+    assert len(kept(probs)) == 2
+    assert probs.sum().item() == pytest.approx(1.0)
+
+
+def test_top_k_applies_before_top_p():
+    # top_k=3 leaves 0.5, 0.3, 0.15 -> renormalised 0.526, 0.316, 0.158;
+    # top_p=0.8 then needs the first two (0.526 < 0.8 <= 0.842).
+    probs = logits_to_probs(HAND_LOGITS, SamplingConfig(temperature=1.0, top_k=3, top_p=0.8))
+    assert kept(probs) == {1, 3}
+    assert probs[1].item() == pytest.approx(0.5 / 0.8, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplingConfig(temperature=0.0),
+        SamplingConfig(temperature=0.7),
+        SamplingConfig(temperature=1.3, top_k=5),
+        SamplingConfig(temperature=1.0, top_p=0.9),
+        SamplingConfig(temperature=0.8, top_k=20, top_p=0.5),
+    ],
+)
+def test_probs_sum_to_one_over_any_leading_dims(config):
+    logits = 3.0 * torch.randn(2, 3, 50, generator=torch.Generator().manual_seed(0))
+    probs = logits_to_probs(logits.to(torch.bfloat16), config)
+    assert probs.shape == (2, 3, 50) and probs.dtype == torch.float32
+    assert (probs >= 0).all()
+    assert torch.allclose(probs.sum(dim=-1), torch.ones(2, 3), atol=1e-5)
+
+
+def test_sample_reproduces_with_a_seeded_generator_and_follows_the_distribution():
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3]).expand(4000, 4)  # (N, V)
+    draws = sample(probs, torch.Generator().manual_seed(0))
+    assert draws.shape == (4000,)
+    assert torch.equal(draws, sample(probs, torch.Generator().manual_seed(0)))
+    assert (draws != 1).all(), "a zero-probability token is never drawn"
+    freq = torch.bincount(draws, minlength=4).float() / 4000
+    # 5 standard errors of a frequency from 4000 draws: 5 * sqrt(p (1 - p) / N) <= 0.04.
+    tolerance = 5 * math.sqrt(0.25 / 4000)
+    assert torch.allclose(freq, torch.tensor([0.1, 0.0, 0.6, 0.3]), atol=tolerance)

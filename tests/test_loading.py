@@ -1,0 +1,283 @@
+"""Loading checkpoints (gpt2/loading.py): both key layouts, the Hub download
+path against a local server that speaks the Hub's file API (hub_server.py),
+and every user error with its message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import REPO_ROOT, TINY, hub_state_dict, make_hf_model, write_checkpoint
+from gpt2 import GPT2, GPT2Config, load_model
+
+REPO_ID = "someorg/tiny-gpt2"
+
+
+@pytest.fixture(scope="module")
+def state() -> dict[str, torch.Tensor]:
+    """Random tiny weights in the Hub layout."""
+    return hub_state_dict(make_hf_model(TINY, seed=21))
+
+
+@pytest.fixture
+def folder(tmp_path, state) -> Path:
+    """A tiny checkpoint folder in the Hub layout."""
+    return write_checkpoint(tmp_path / "tiny", TINY, state)
+
+
+def assert_holds(model: GPT2, state: dict[str, torch.Tensor]) -> None:
+    """`model` holds exactly the checkpoint's weights (Conv1D ones transposed)."""
+    params = dict(model.named_parameters())
+    assert set(params) == set(state)
+    for name, tensor in state.items():
+        expected = tensor.t() if name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) else tensor
+        assert torch.equal(params[name], expected), name
+
+
+# ---------------------------------------------------------------------------
+# Local folders, both layouts
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["hub", "save_pretrained"])
+def test_both_key_layouts_load(tmp_path, state, layout):
+    folder = write_checkpoint(tmp_path / layout, TINY, state, layout=layout)
+    keys = set(load_file(str(folder / "model.safetensors")))
+    if layout == "hub":
+        assert {"wte.weight", "h.0.attn.bias", "h.0.attn.masked_bias"} <= keys
+    else:
+        assert "transformer.wte.weight" in keys and "lm_head.weight" not in keys
+
+    model = load_model(folder)
+    assert model.config == TINY
+    assert not model.training and model.dtype == torch.float32 and model.device.type == "cpu"
+    assert_holds(model, state)
+
+
+def test_a_folder_given_as_str_or_path_loads(folder, state):
+    assert_holds(load_model(str(folder)), state)
+    assert_holds(load_model(Path(folder)), state)
+
+
+def test_dtype_by_name_or_torch_dtype(folder):
+    assert load_model(folder, dtype="bfloat16").dtype == torch.bfloat16
+    assert load_model(folder, dtype=torch.float16).dtype == torch.float16
+
+
+def test_torch_load_is_never_used(monkeypatch, folder, state):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("torch.load unpickles arbitrary code; the loader must read safetensors only")
+
+    monkeypatch.setattr(torch, "load", forbidden)
+    assert_holds(load_model(folder), state)
+
+
+# ---------------------------------------------------------------------------
+# Downloads from a local Hub
+# ---------------------------------------------------------------------------
+
+
+def served_files(folder: Path) -> dict[str, bytes]:
+    """What a Hub repo of a tiny GPT-2 holds: the model, and tokenizer files
+    (placeholders: only their download is under test here)."""
+    return {
+        "config.json": (folder / "config.json").read_bytes(),
+        "model.safetensors": (folder / "model.safetensors").read_bytes(),
+        "vocab.json": b'{"placeholder": 0}',
+        "merges.txt": b"#version: 0.2\n",
+        "pytorch_model.bin": b"never fetched",
+    }
+
+
+def test_download_then_reuse_with_no_network(hub, tmp_path, folder, state):
+    files = served_files(folder)
+    server = hub({REPO_ID: files})
+    weights = tmp_path / "weights"
+
+    model = load_model(REPO_ID, weights_dir=weights)
+    assert_holds(model, state)
+    local = weights / "someorg--tiny-gpt2"
+    for name in ("config.json", "model.safetensors", "vocab.json", "merges.txt"):
+        assert (local / name).read_bytes() == files[name], name
+    assert not (local / "pytorch_model.bin").exists()
+    assert sorted(server.files_requested("GET")) == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
+
+    seen = len(server.requests)
+    assert_holds(load_model(REPO_ID, weights_dir=weights), state)
+    assert len(server.requests) == seen, "the second run must not touch the network"
+    server.stop()
+    assert_holds(load_model(REPO_ID, weights_dir=weights), state)  # and works with the Hub gone
+
+
+def test_a_repo_without_tokenizer_files_downloads_and_is_reused_offline(hub, tmp_path, folder, state):
+    files = {name: data for name, data in served_files(folder).items() if name in ("config.json", "model.safetensors")}
+    server = hub({REPO_ID: files})
+    weights = tmp_path / "weights"
+    assert_holds(load_model(REPO_ID, weights_dir=weights), state)
+
+    assert sorted(server.files_requested("HEAD")) == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
+
+    seen = len(server.requests)
+    assert_holds(load_model(REPO_ID, weights_dir=weights), state)
+    assert len(server.requests) == seen, "files known to be absent are not asked for again"
+    server.stop()
+    assert_holds(load_model(REPO_ID, weights_dir=weights), state)
+
+
+def test_no_network_and_no_local_copy_says_what_to_do(no_hub, tmp_path):
+    weights = tmp_path / "weights"
+    with pytest.raises(FileNotFoundError) as info:
+        load_model(REPO_ID, weights_dir=weights)
+    message = str(info.value)
+    assert f"'{REPO_ID}'" in message
+    assert str(weights / "someorg--tiny-gpt2") in message
+    assert "connect to the internet" in message and "put config.json and model.safetensors" in message
+
+
+def test_unknown_repo_raises_value_error_naming_it(hub, tmp_path, folder):
+    hub({REPO_ID: served_files(folder)})
+    with pytest.raises(ValueError, match="no model 'someorg/no-such-model' on the Hugging Face Hub"):
+        load_model("someorg/no-such-model", weights_dir=tmp_path / "weights")
+
+
+def test_a_repo_without_safetensors_raises_value_error(hub, tmp_path, folder):
+    files = served_files(folder)
+    del files["model.safetensors"]
+    hub({REPO_ID: files})
+    with pytest.raises(ValueError, match=f"'{REPO_ID}' on the Hugging Face Hub has no model.safetensors"):
+        load_model(REPO_ID, weights_dir=tmp_path / "weights")
+
+
+def test_gpt2_from_the_repository_root_is_a_hub_id_not_the_package_folder(no_hub, monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO_ROOT)
+    assert (REPO_ROOT / "gpt2").is_dir()  # the package folder the name could be mistaken for
+    with pytest.raises(FileNotFoundError) as info:
+        load_model("gpt2", weights_dir=tmp_path / "weights")
+    assert "cannot download 'gpt2'" in str(info.value)
+    assert "has no config.json" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# Broken folders and files
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep_fraction", [0.5, 0.999, 0.0])
+def test_truncated_safetensors_raises_value_error(folder, keep_fraction):
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep_fraction)])
+    with pytest.raises(ValueError, match="is corrupt or truncated.*download it again"):
+        load_model(folder)
+
+
+def test_garbage_safetensors_raises_value_error(folder):
+    (folder / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage" + bytes(100))
+    with pytest.raises(ValueError, match="is corrupt or truncated"):
+        load_model(folder)
+
+
+def test_missing_config_json_raises_file_not_found(folder):
+    (folder / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_model(folder)
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_model(str(folder))
+
+
+def test_missing_safetensors_raises_file_not_found(folder):
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match=r"model.safetensors not found.*\.bin checkpoints are not loaded"):
+        load_model(folder)
+
+
+def test_a_folder_that_does_not_exist_raises_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model(tmp_path / "nowhere")
+
+
+def test_empty_source_raises_value_error():
+    with pytest.raises(ValueError, match="the model source is empty"):
+        load_model("")
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("{not json", "is not valid JSON"),
+        (json.dumps({"model_type": "llama", "n_layer": 2}), "describes a 'llama' model"),
+        (json.dumps({"model_type": "gpt2", "n_head": 4}), "lacks the GPT-2 field"),
+    ],
+)
+def test_bad_config_json_raises_value_error(folder, text, match):
+    (folder / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=match):
+        load_model(folder)
+
+
+def test_a_tensor_that_does_not_fit_the_config_names_it_and_both_shapes(folder, state):
+    config = dict(TINY.to_hf_dict(), vocab_size=TINY.vocab_size + 1)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"'wte.weight' .* shape \(101, 32\) but the config needs \(102, 32\)"):
+        load_model(folder)
+
+
+def test_a_conv1d_weight_stored_transposed_names_it_and_both_shapes(tmp_path, state):
+    bad = dict(state)
+    bad["h.1.mlp.c_fc.weight"] = state["h.1.mlp.c_fc.weight"].t().contiguous()  # (out, in) instead of (in, out)
+    folder = write_checkpoint(tmp_path / "bad", TINY, bad)
+    expected = r"'h.1.mlp.c_fc.weight' .* shape \(128, 32\) but the config needs \(32, 128\)"
+    with pytest.raises(ValueError, match=expected):
+        load_model(folder)
+
+
+def test_a_missing_tensor_raises_value_error_naming_it(tmp_path, state):
+    folder = write_checkpoint(tmp_path / "bad", TINY, {k: v for k, v in state.items() if k != "ln_f.bias"})
+    with pytest.raises(ValueError, match="lacks 1 tensor.*'ln_f.bias'"):
+        load_model(folder)
+
+
+def test_a_checkpoint_with_more_layers_than_the_config_raises_value_error(tmp_path, state):
+    folder = write_checkpoint(tmp_path / "deeper", TINY, state)
+    shallower = GPT2Config(**{**TINY.__dict__, "n_layer": 1})
+    (folder / "config.json").write_text(json.dumps(shallower.to_hf_dict()))
+    with pytest.raises(ValueError, match="tensor.* GPT-2 does not use, e.g. 'h.1."):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("dtype", ["float64", torch.float64, torch.int8, "fp16"])
+def test_unsupported_dtype_raises_value_error(folder, dtype):
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        load_model(folder, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "device, match",
+    [("cuda", "is not available"), ("cuda:3", "is not available|does not exist"), ("tpu", "unknown device 'tpu'")],
+)
+def test_unavailable_device_raises_value_error(folder, device, match):
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU, so 'cuda' is available")
+    with pytest.raises(ValueError, match=match):
+        load_model(folder, device=device)
+
+
+def test_a_device_error_comes_before_any_download(no_hub, tmp_path):
+    with pytest.raises(ValueError, match="unknown device"):
+        load_model(REPO_ID, device="tpu", weights_dir=tmp_path / "weights")
+    assert not (tmp_path / "weights").exists()
+
+
+def test_a_checkpoint_stored_in_float16_loads_as_float32(tmp_path, state):
+    half = {k: v.half() for k, v in state.items()}
+    folder = tmp_path / "half"
+    folder.mkdir()
+    save_file(half, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
+    model = load_model(folder)
+    assert model.dtype == torch.float32
+    assert torch.equal(model.wte.weight, half["wte.weight"].float())

@@ -1,0 +1,209 @@
+"""Speculative sampling is lossless: its output has the target's distribution.
+
+On a GPT-2 with an 8-token vocabulary the exact distribution of the first 3
+generated tokens, P(x1, x2, x3) = p_target(x1) p_target(x2 | x1) p_target(x3 | x1, x2),
+is enumerated (512 continuations, one batched forward pass of the target, the
+same `logits_to_probs` filter as generation). It is compared with the
+empirical distribution of `speculative_generate` over many seeded runs with a
+draft that often disagrees with the target (alpha ~ 0.5), so that every
+branch of the rule is taken: rejection at draft position 1, rejection at
+position 2 (correction from the residual), and full acceptance (bonus token).
+
+The comparison is Pearson's chi-square test. Cells whose expected count is
+below 5 are pooled into one cell (the usual validity condition for the
+chi-square approximation); with k cells left the statistic has k - 1 degrees
+of freedom, and the test fails above the 0.999 quantile of chi-square(k - 1),
+computed with the Wilson-Hilferty approximation (no scipy needed; it is
+within 0.3% of the exact quantile for the 26-235 degrees of freedom seen here).
+A correct sampler therefore fails with probability about 0.001 per seed; the
+seeds are fixed, so the outcome is deterministic.
+
+The same check is then shown to have power: it fails, by a wide margin, for
+two plausible wrong rules (always accepting the draft; drawing the correction
+from p_target instead of the residual).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import spec_decoding.acceptance
+import spec_decoding.loop
+from gpt2 import GPT2, GPT2Config
+from gpt2.sampling import SamplingConfig, logits_to_probs, sample
+from spec_decoding import Verdict, speculative_generate
+from spec_helpers import perturbed_copy, single_thread, tiny_gpt2  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+CONFIG = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=16, vocab_size=8)
+# std 0.2 keeps the 3-token distribution spread enough to fill ~100-240 cells
+# at these sample sizes (with std 0.4 one continuation takes half the mass).
+TARGET_STD = 0.2
+# Weight noise for the draft: alpha ~ 0.4-0.5 on this target.
+DRAFT_PERTURBATION = 0.25
+PROMPT = [[3]]
+N_TOKENS = 3  # the tokens whose joint distribution is compared
+GAMMA = 2  # the first step drafts 2 tokens and may emit all 3
+
+SETTINGS = {
+    "temperature 1": SamplingConfig(temperature=1.0),
+    "temperature 0.7, top-k 4": SamplingConfig(temperature=0.7, top_k=4),
+    "top-p 0.8": SamplingConfig(temperature=1.0, top_p=0.8),
+}
+# One end-to-end case at 10^4 runs; the others at fewer, to keep the file
+# under a minute: one run (~4 tiny forward passes) costs ~3 ms of CPU. The
+# threshold follows the sample size through the pooling and the degrees of freedom.
+RUNS = {"temperature 1": 10_000, "temperature 0.7, top-k 4": 2_000, "top-p 0.8": 2_000}
+WRONG_RULE_RUNS = 2_000
+
+Z_0999 = 3.090232  # the 0.999 quantile of the standard normal
+
+
+@pytest.fixture(scope="module")
+def target() -> GPT2:
+    return tiny_gpt2(CONFIG, seed=0, std=TARGET_STD)
+
+
+@pytest.fixture(scope="module")
+def draft(target) -> GPT2:
+    return perturbed_copy(target, scale=DRAFT_PERTURBATION, seed=2)
+
+
+@torch.inference_mode()
+def exact_distribution(target: GPT2, sampling: SamplingConfig) -> torch.Tensor:
+    """(V^n,) float64: P(first n new tokens = x) for every x, in the order of
+    `torch.cartesian_prod` (x1 * V^(n-1) + ... + xn), from the target alone."""
+    V, n = CONFIG.vocab_size, N_TOKENS
+    prompt = torch.tensor(PROMPT)  # (1, T)
+    T = prompt.size(1)
+    continuations = torch.cartesian_prod(*[torch.arange(V)] * n)  # (V^n, n)
+    ids = torch.cat([prompt.expand(len(continuations), T), continuations], dim=1)  # (V^n, T + n)
+    probs = logits_to_probs(target(ids), sampling).double()  # (V^n, T + n, V)
+    # Row T - 1 + j predicts new token j: gather p(x_j | prompt, x_<j) and multiply.
+    per_token = probs[:, T - 1 : T - 1 + n].gather(-1, continuations[..., None])  # (V^n, n, 1)
+    return per_token.squeeze(-1).prod(dim=-1)  # (V^n,)
+
+
+def sampled_counts(
+    target: GPT2, draft: GPT2, sampling: SamplingConfig, runs: int, seed: int
+) -> tuple[torch.Tensor, list[int]]:
+    """Counts of the first n new tokens over `runs` runs of speculative_generate,
+    indexed like `exact_distribution`, and how often the first step accepted
+    0, 1, ..., GAMMA drafts. One generator, seeded once, drives every run."""
+    V, n = CONFIG.vocab_size, N_TOKENS
+    generator = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(V**n, dtype=torch.float64)
+    first_step_accepted = [0] * (GAMMA + 1)
+    prompt = torch.tensor(PROMPT)
+    accepted_per_step: list[int] = []
+
+    def record_step(tokens: list[int], accepted: int) -> None:
+        accepted_per_step.append(accepted)
+
+    for _ in range(runs):
+        accepted_per_step.clear()
+        out, _ = speculative_generate(
+            target, draft, prompt, gamma=GAMMA, max_new_tokens=n,
+            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            generator=generator, on_step=record_step,
+        )
+        index = 0
+        for token in out[0, prompt.size(1) :].tolist():
+            index = index * V + token
+        counts[index] += 1
+        first_step_accepted[accepted_per_step[0]] += 1
+    return counts, first_step_accepted
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Pearson's statistic of `counts` against `probs`, and its degrees of freedom.
+
+    Cells expected fewer than 5 times are pooled into one. An outcome the target
+    cannot produce (expected 0, observed > 0) makes the statistic infinite."""
+    N = counts.sum()
+    expected = probs * N
+    big = expected >= 5
+    observed = torch.cat([counts[big], counts[~big].sum()[None]])
+    expected = torch.cat([expected[big], expected[~big].sum()[None]])
+    if expected[-1] == 0:  # nothing pooled: drop the empty cell, unless something impossible was seen
+        if observed[-1] > 0:
+            return math.inf, len(observed) - 1
+        observed, expected = observed[:-1], expected[:-1]
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    return statistic, len(observed) - 1
+
+
+def chi_square_quantile_0999(df: int) -> float:
+    """Wilson-Hilferty: (chi2_df / df)^(1/3) is close to normal with mean
+    1 - 2/(9 df) and variance 2/(9 df)."""
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + Z_0999 * math.sqrt(h)) ** 3
+
+
+def test_the_quantile_approximation():
+    # Reference values of the 0.999 quantile of chi-square (standard tables).
+    for df, exact in [(10, 29.588), (30, 59.703), (50, 86.661), (100, 149.449)]:
+        assert chi_square_quantile_0999(df) == pytest.approx(exact, rel=0.01)
+
+
+def test_the_exact_distribution_is_a_distribution(target):
+    for sampling in SETTINGS.values():
+        probs = exact_distribution(target, sampling)
+        assert float(probs.sum()) == pytest.approx(1.0, abs=1e-6)  # float32 probabilities
+        assert bool((probs >= 0).all())
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_sampled_tokens_have_the_target_distribution(target, draft, setting):
+    sampling, runs = SETTINGS[setting], RUNS[setting]
+    counts, first_step_accepted = sampled_counts(target, draft, sampling, runs, seed=0)
+    statistic, df = chi_square(counts, exact_distribution(target, sampling))
+    threshold = chi_square_quantile_0999(df)
+    # Measured (seed 0): temperature 1: 191.8 < 307.8 (df 235); top-k: 23.1 < 54.2 (df 26);
+    # top-p: 34.3 < 84.1 (df 48).
+    assert statistic < threshold, f"chi-square {statistic:.1f} >= {threshold:.1f} (df {df}, {runs} runs)"
+    # Every branch of the rule was taken often: the first step rejected draft 1,
+    # rejected draft 2 after accepting draft 1, and accepted both (bonus token).
+    assert min(first_step_accepted) >= 0.1 * runs, first_step_accepted
+
+
+# ---------------------------------------------------------------------------
+# Power: the same check fails for wrong rules
+# ---------------------------------------------------------------------------
+
+
+def always_accept(target_probs, draft_probs, draft_tokens, *, generator=None, uniforms=None) -> Verdict:
+    """WRONG: keeps every drafted token, then draws the bonus token from p_target.
+    The output follows the draft's distribution, not the target's."""
+    K = draft_tokens.numel()
+    return Verdict(accepted=tuple(draft_tokens.tolist()), next_token=int(sample(target_probs[K], generator)))
+
+
+def target_instead_of_residual(p_target, p_draft):
+    """WRONG: the correction after a rejection drawn from p_target. Tokens the
+    draft over-proposes then get min(p_draft, p_target) + (1 - beta) p_target > p_target."""
+    return p_target
+
+
+# (module, name, replacement): the loop calls `speculative_sampling` from its own
+# namespace, and `speculative_sampling` calls `residual_distribution` from acceptance.py.
+WRONG_RULES = {
+    "always accept the draft": (spec_decoding.loop, "speculative_sampling", always_accept),
+    "correction from p_target": (spec_decoding.acceptance, "residual_distribution", target_instead_of_residual),
+}
+
+
+@pytest.mark.parametrize("rule", WRONG_RULES)
+def test_the_check_fails_for_a_wrong_rule(target, draft, monkeypatch, rule):
+    module, name, wrong = WRONG_RULES[rule]
+    monkeypatch.setattr(module, name, wrong)
+    sampling = SETTINGS["temperature 1"]
+    counts, _ = sampled_counts(target, draft, sampling, WRONG_RULE_RUNS, seed=0)
+    statistic, df = chi_square(counts, exact_distribution(target, sampling))
+    # Measured (seed 0, df 76, threshold 119.9): always accept 6447; correction from p_target 368.
+    threshold = chi_square_quantile_0999(df)
+    assert statistic > threshold, f"chi-square {statistic:.1f} < {threshold:.1f} (df {df}): wrong rule undetected"

@@ -1,0 +1,201 @@
+"""The hand-written GPT-2 against transformers' GPT2LMHeadModel, and the
+properties of its KV cache.
+
+Both models get the same random weights through the real file path: the
+reference's weights are written as model.safetensors in both key layouts and
+read back by `gpt2.load_model`. Tolerance: max |logit difference| <= 1e-4 in
+float32 (the two compute the same sums in a different order).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY, hub_state_dict, make_hf_model, write_checkpoint
+from gpt2 import GPT2, PRESETS, GPT2Config, load_model
+
+ATOL = 1e-4
+LAYOUTS = ("hub", "save_pretrained")
+SHAPES = {"tiny": TINY, "distilgpt2": PRESETS["distilgpt2"], "gpt2": PRESETS["gpt2"]}
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}"
+    return (a - b).abs().max().item()
+
+
+def random_ids(config: GPT2Config, B: int, T: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, config.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def pair(request, tmp_path_factory):
+    """(config, transformers reference, {layout: our model loaded from that layout's files})."""
+    config = SHAPES[request.param]
+    hf = make_hf_model(config, seed=1)
+    state = hub_state_dict(hf)
+    root = tmp_path_factory.mktemp(f"ckpt_{request.param}")
+    ours = {layout: load_model(write_checkpoint(root / layout, config, state, layout=layout)) for layout in LAYOUTS}
+    return config, hf, ours
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_full_sequence_logits_match_transformers(pair, layout):
+    config, hf, ours = pair
+    ids = random_ids(config, B=2, T=8)
+    expected = hf(ids).logits  # (2, 8, V)
+    got = ours[layout](ids)
+    assert got.shape == (2, 8, config.vocab_size)
+    assert got.dtype == torch.float32
+    assert max_diff(got, expected) <= ATOL
+    # The weights are not trivial: the logits of different tokens really differ.
+    assert expected.std().item() > 0.3
+
+
+@torch.no_grad()
+def test_cached_decoding_matches_transformers(pair):
+    """Prefill 4 tokens, then feed one token at a time through our KV cache:
+    the rows match transformers' uncached forward over the whole sequence
+    (and, on the first steps, its own cached decoding)."""
+    config, hf, ours = pair
+    model = ours["hub"]
+    ids = random_ids(config, B=1, T=8, seed=2)
+
+    cache = model.new_cache(batch_size=1)
+    rows = [model(ids[:, :4], cache)]  # (1, 4, V)
+    for t in range(4, ids.size(1)):
+        rows.append(model(ids[:, t : t + 1], cache))  # (1, 1, V)
+    assert cache.length == ids.size(1)
+    assert max_diff(torch.cat(rows, dim=1), hf(ids).logits) <= ATOL
+
+    hf_out = hf(ids[:, :4], use_cache=True)
+    hf_out = hf(ids[:, 4:5], past_key_values=hf_out.past_key_values, use_cache=True)
+    assert max_diff(rows[1], hf_out.logits) <= ATOL
+
+
+# ---------------------------------------------------------------------------
+# KV cache properties, on the tiny shape
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny() -> GPT2:
+    """A tiny GPT-2 with random weights (no file needed for cache properties)."""
+    from gpt2 import init_random_weights
+
+    model = GPT2(TINY).eval()
+    return init_random_weights(model, std=0.2, generator=torch.Generator().manual_seed(3))
+
+
+@torch.no_grad()
+def test_cached_decoding_equals_uncached_forward(tiny):
+    """Chunks of any size, including several tokens on top of a filled cache
+    (what speculative decoding's verification pass does), give the rows of
+    one uncached forward."""
+    ids = random_ids(TINY, B=2, T=20, seed=4)
+    full = tiny(ids)  # (2, 20, V)
+    cache = tiny.new_cache(batch_size=2)
+    pieces, start = [], 0
+    for size in (3, 1, 5, 1, 1, 7, 2):
+        pieces.append(tiny(ids[:, start : start + size], cache))
+        start += size
+        assert cache.length == start
+    assert start == ids.size(1)
+    assert max_diff(torch.cat(pieces, dim=1), full) <= 1e-5
+
+
+@torch.no_grad()
+def test_rewind_then_append_equals_fresh_run(tiny):
+    prefix = random_ids(TINY, B=1, T=6, seed=5)
+    rejected = random_ids(TINY, B=1, T=4, seed=6)
+    accepted = random_ids(TINY, B=1, T=3, seed=7)
+
+    cache = tiny.new_cache()
+    tiny(torch.cat([prefix, rejected], dim=1), cache)
+    k_buffer = cache.k.data_ptr()
+    cache.rewind(6)  # drop the 4 rejected tokens
+    assert cache.length == 6
+    assert cache.k.data_ptr() == k_buffer, "rewinding must not reallocate the buffers"
+    got = tiny(accepted, cache)  # (1, 3, V)
+
+    fresh = tiny(torch.cat([prefix, accepted], dim=1))[:, 6:]  # (1, 3, V)
+    assert cache.length == 9
+    assert max_diff(got, fresh) <= 1e-5
+
+
+@torch.no_grad()
+def test_cache_buffers_are_preallocated_for_the_whole_context(tiny):
+    cache = tiny.new_cache(batch_size=3)
+    C = TINY
+    assert cache.k.shape == (C.n_layer, 3, C.n_head, C.n_ctx, C.n_embd // C.n_head)
+    assert cache.v.shape == cache.k.shape
+    assert cache.length == 0 and cache.capacity == C.n_ctx
+
+
+@torch.no_grad()
+def test_the_whole_context_window_fits(tiny):
+    ids = random_ids(TINY, B=1, T=TINY.n_ctx, seed=8)
+    cache = tiny.new_cache()
+    tiny(ids[:, :-1], cache)
+    last = tiny(ids[:, -1:], cache)
+    assert cache.length == TINY.n_ctx
+    assert max_diff(last, tiny(ids)[:, -1:]) <= 1e-5
+
+
+@torch.no_grad()
+def test_uncached_forward_past_the_context_window_raises_value_error(tiny):
+    ids = random_ids(TINY, B=1, T=TINY.n_ctx + 1)
+    with pytest.raises(ValueError, match=rf"{TINY.n_ctx + 1} tokens .*context window of {TINY.n_ctx}"):
+        tiny(ids)
+
+
+@torch.no_grad()
+def test_cached_forward_past_the_context_window_raises_value_error(tiny):
+    cache = tiny.new_cache()
+    tiny(random_ids(TINY, B=1, T=TINY.n_ctx - 2), cache)
+    with pytest.raises(ValueError, match=rf"{TINY.n_ctx + 1} tokens .*context window of {TINY.n_ctx}"):
+        tiny(random_ids(TINY, B=1, T=3), cache)  # would take positions n_ctx-2 .. n_ctx
+    # Nothing was written: the cache is still usable.
+    assert cache.length == TINY.n_ctx - 2
+    tiny(random_ids(TINY, B=1, T=2), cache)
+    assert cache.length == TINY.n_ctx
+    with pytest.raises(ValueError, match="context window"):
+        tiny(random_ids(TINY, B=1, T=1), cache)
+
+
+@torch.no_grad()
+def test_last_logits_only_returns_the_last_row(tiny):
+    ids = random_ids(TINY, B=2, T=9, seed=9)
+    full = tiny(ids)
+    last = tiny(ids, last_logits_only=True)
+    assert last.shape == (2, 1, TINY.vocab_size)
+    assert max_diff(last, full[:, -1:]) <= 1e-6
+
+    cache = tiny.new_cache(batch_size=2)
+    last_cached = tiny(ids, cache, last_logits_only=True)
+    assert cache.length == 9, "the cache holds every position even when only the last row is scored"
+    assert max_diff(last_cached, full[:, -1:]) <= 1e-5
+
+
+@torch.no_grad()
+def test_rows_of_a_batch_are_independent(tiny):
+    ids = random_ids(TINY, B=3, T=7, seed=10)
+    batched = tiny(ids)
+    for b in range(3):
+        assert max_diff(batched[b : b + 1], tiny(ids[b : b + 1])) <= 1e-5
+
+
+def test_parameter_names_follow_the_checkpoint(tiny):
+    names = {name for name, _ in tiny.named_parameters()}
+    expected_block = {
+        f"h.1.{suffix}"
+        for suffix in (
+            "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+            "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+            "mlp.c_proj.weight", "mlp.c_proj.bias",
+        )
+    }  # fmt: skip
+    assert {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"} | expected_block <= names
+    assert len(names) == 4 + 12 * TINY.n_layer, "no lm_head of its own: it is tied to wte"

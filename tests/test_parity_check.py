@@ -1,0 +1,225 @@
+"""The parity check (benchmarks/parity_check.py) on tiny models: it finds no
+divergence where there is none, explains an injected near-tie by its gap, and
+calls a broken verifier a BUG.
+
+The near-tie and end-of-text cases use `EditedTarget`, a tiny GPT-2 whose
+logits at one sequence position are overwritten, differently for one-token
+calls (plain decoding) and batched calls (speculative verification): a
+controlled stand-in for the kernel differences of half precision.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import spec_decoding.loop
+from benchmarks.common import build_pair
+from benchmarks.parity_check import (
+    ParitySettings,
+    check_parity,
+    compare_prompt,
+    count_differing,
+    encode_suite,
+    first_difference,
+    main,
+    tokens_after_eos,
+)
+from benchmarks.prompts import EARLY_EOS_PROMPTS, PROMPTS
+from gpt2 import GPT2, GPT2Config, init_random_weights
+from spec_decoding.acceptance import Verdict, speculative_sampling_greedy
+
+SMALL = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=101)
+EOS = 100  # end-of-text of the SMALL vocabulary
+PROMPT = torch.tensor([[5, 17, 42, 8, 99, 23]])  # (1, T), T = 6
+T = PROMPT.size(1)
+SETTINGS = ParitySettings(gamma=3, max_new_tokens=12, eos_id=EOS)
+
+
+class EditedTarget(GPT2):
+    """A GPT-2 whose logits row scoring sequence position `position` is
+    passed through `edit(row, batched)`, batched = the call fed more than one
+    token (speculative verification) rather than one (plain decoding)."""
+
+    def __init__(self, config: GPT2Config, position: int, edit: Callable[[torch.Tensor, bool], None]) -> None:
+        super().__init__(config)
+        init_random_weights(self, generator=torch.Generator().manual_seed(0))
+        self.position = position
+        self.edit = edit
+
+    def forward(self, input_ids, cache=None, *, last_logits_only=False):
+        P = 0 if cache is None else cache.length
+        logits = super().forward(input_ids, cache, last_logits_only=last_logits_only)  # (1, T_out, V)
+        T_in, T_out = input_ids.size(1), logits.size(1)
+        row = self.position - (P + T_in - T_out + 1)  # row 0 scores position P + T_in - T_out + 1
+        if 0 <= row < T_out:
+            self.edit(logits[0, row], T_in > 1)
+        return logits
+
+
+def small_draft() -> GPT2:
+    return init_random_weights(GPT2(SMALL), generator=torch.Generator().manual_seed(1)).eval()
+
+
+def near_tie(a: int, b: int) -> Callable[[torch.Tensor, bool], None]:
+    """Makes a and b the top two tokens, 2^-24 (6e-8) apart: a wins in batched
+    calls, b in one-token calls."""
+
+    def edit(row: torch.Tensor, batched: bool) -> None:
+        row -= row.max() + 1.0  # every logit <= -1
+        half, above = torch.tensor(0.5), torch.nextafter(torch.tensor(0.5), torch.tensor(1.0))
+        row[a], row[b] = (above, half) if batched else (half, above)
+
+    return edit
+
+
+def force_eos(row: torch.Tensor, batched: bool) -> None:
+    row[EOS] = row.max() + 10.0
+
+
+# ---------------------------------------------------------------------------
+# The helpers
+# ---------------------------------------------------------------------------
+
+
+def test_tokens_after_eos_flags_anything_after_end_of_text():
+    assert tokens_after_eos([1, 2, 3], EOS) == 0
+    assert tokens_after_eos([1, 2, EOS], EOS) == 0
+    assert tokens_after_eos([EOS], EOS) == 0
+    assert tokens_after_eos([1, EOS, 7], EOS) == 1
+    assert tokens_after_eos([EOS, EOS, 4], EOS) == 2  # counted from the first EOS
+
+
+def test_first_difference_and_count_differing():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # the shorter one ended first
+    assert count_differing([1, 2, 3, 4], [1, 9, 3, 7]) == 2
+    assert count_differing([1, 2], [1, 2, 3, 4]) == 2
+
+
+# ---------------------------------------------------------------------------
+# The check on the benchmark suite
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("draft_equals_target", [False, True], ids=["tiny-draft", "draft-is-target"])
+def test_fp32_suite_has_no_divergence(draft_equals_target):
+    pair = build_pair("", "", weights="tiny", draft_equals_target=draft_equals_target, dtype="float32")
+    prompts, tokenizer, _ = encode_suite(list(PROMPTS) + list(EARLY_EOS_PROMPTS), pair, pair.device)
+    report = check_parity(pair.target, pair.draft, prompts, ParitySettings(gamma=3, max_new_tokens=8), tokenizer)
+
+    summary = report.summary()
+    assert summary["prompts"] == len(PROMPTS) + len(EARLY_EOS_PROMPTS)
+    assert summary["identical"] == summary["prompts"]
+    assert summary["differing_tokens"] == summary["divergences"] == summary["bugs"] == 0
+    assert summary["eos_violations"] == 0
+    # The two paths compute the logits differently, but only in the last bits.
+    assert 0 <= summary["max_logit_delta_relative"] < 1e-5
+    if draft_equals_target:
+        assert all(p.acceptance_rate == 1.0 for p in report.prompts)  # every draft accepted: bonus tokens ran
+
+
+# ---------------------------------------------------------------------------
+# An injected near-tie
+# ---------------------------------------------------------------------------
+
+
+def test_injected_near_tie_is_reported_with_its_gap_and_called_a_near_tie():
+    position = T + 2  # the third new token: a one-token step in plain decoding
+    target = EditedTarget(SMALL, position, near_tie(a=11, b=13)).eval()
+    result = compare_prompt(target, small_draft(), "tied", PROMPT, SETTINGS)
+
+    d = result.divergence
+    assert d is not None and d.position == 2
+    assert (d.baseline_token, d.speculative_token) == (13, 11)  # one-token call: b; batched: a
+    assert (d.baseline_top1, d.speculative_top1) == (13, 11)  # each path took its own argmax
+    assert 0 < d.baseline_gap < 1e-7 and 0 < d.speculative_gap < 1e-7
+    assert d.baseline_gap == pytest.approx(2.0**-24) and d.speculative_gap == pytest.approx(2.0**-24)
+    assert d.verdict == "near-tie"
+    assert d.tolerance > d.baseline_gap
+    assert result.baseline[:2] == result.speculative[:2]  # identical before the tie
+    assert result.differing_tokens >= 1
+
+
+# ---------------------------------------------------------------------------
+# A broken verifier
+# ---------------------------------------------------------------------------
+
+
+def test_broken_verifier_is_reported_as_a_bug_with_a_large_gap(monkeypatch):
+    calls = []
+
+    def broken(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> Verdict:
+        verdict = speculative_sampling_greedy(target_logits, draft_tokens)
+        calls.append(verdict)
+        if len(calls) != 2:
+            return verdict
+        # Second step: append the target's *least* likely token instead of its choice.
+        row = target_logits[verdict.num_accepted]  # (V,)
+        return Verdict(accepted=verdict.accepted, next_token=int(row.argmin()))
+
+    monkeypatch.setattr(spec_decoding.loop, "speculative_sampling_greedy", broken)
+    target = init_random_weights(GPT2(SMALL), generator=torch.Generator().manual_seed(0)).eval()
+    result = compare_prompt(target, small_draft(), "broken", PROMPT, SETTINGS)
+
+    d = result.divergence
+    assert d is not None and d.verdict == "BUG"
+    assert d.speculative_token != d.speculative_top1  # it did not take the target's argmax...
+    assert d.speculative_top1 == d.baseline_token  # ...which is what plain decoding took
+    assert d.speculative_deficit > 100 * d.tolerance  # and missed it by far more than rounding could
+    assert d.logit_delta < 1e-5  # the logits themselves agree: the fault is in the choice
+    assert "speculative path" in d.reason
+
+
+# ---------------------------------------------------------------------------
+# End of text through both paths
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("draft_is_target", [False, True], ids=["tiny-draft", "draft-is-target"])
+def test_both_paths_stop_at_end_of_text(draft_is_target):
+    target = EditedTarget(SMALL, T + 3, force_eos).eval()
+    draft = target if draft_is_target else small_draft()  # the target drafts EOS inside an accepted draft
+    result = compare_prompt(target, draft, "eos", PROMPT, SETTINGS)
+
+    assert result.identical
+    assert len(result.baseline) == 4 and result.baseline[-1] == EOS
+    assert result.speculative_after_eos == result.baseline_after_eos == 0
+
+
+# ---------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------
+
+
+def test_cli_writes_the_report_and_passes(tmp_path):
+    code = main(["--tiny", "--dtypes", "float32", "--prompts", "1", "--max-gen", "6", "--gamma", "2",
+                 "--out", str(tmp_path)])
+
+    assert code == 0
+    payload = json.loads((tmp_path / "parity.json").read_text())
+    assert payload["passed"] is True
+    assert payload["environment"]["torch"] == torch.__version__
+    summary = payload["dtypes"][0]["summary"]
+    assert summary["dtype"] == "float32" and summary["prompts"] == 1 + len(EARLY_EOS_PROMPTS)
+    assert summary["identical"] == summary["prompts"]
+    report = (tmp_path / "parity.md").read_text()
+    assert "## Summary" in report and "| float32 |" in report
+
+
+def test_cli_exits_1_on_a_float32_bug(tmp_path, monkeypatch):
+    def always_wrong(target_logits, draft_tokens):
+        verdict = speculative_sampling_greedy(target_logits, draft_tokens)
+        return Verdict(verdict.accepted, int(target_logits[verdict.num_accepted].argmin()))
+
+    monkeypatch.setattr(spec_decoding.loop, "speculative_sampling_greedy", always_wrong)
+    code = main(["--tiny", "--dtypes", "float32", "--prompts", "1", "--max-gen", "4", "--out", str(tmp_path)])
+
+    assert code == 1
+    payload = json.loads((tmp_path / "parity.json").read_text())
+    assert payload["passed"] is False and payload["dtypes"][0]["summary"]["bugs"] >= 1
+    assert "**BUG**" in (tmp_path / "parity.md").read_text()

@@ -1,0 +1,379 @@
+"""`speculative_generate` against the baseline `gpt2.generate`, on tiny random GPT-2s.
+
+The central property: greedy speculative decoding emits exactly the tokens
+greedy decoding of the target alone emits, in fp32, whatever the draft. It
+is checked with three drafts that cover the acceptance range:
+
+- "self": the target's own weights, so every drafted token is accepted (alpha = 1);
+- "unrelated": a smaller random model, so almost nothing is (alpha near 0);
+- "perturbed": the target plus weight noise, so some are (0 < alpha < 1):
+  the case where rejections, corrections and cache rewinds all happen.
+
+Then the edges (token budget ending mid-step, end-of-text, context window),
+the stats, the errors, seeded sampling, and that no sequence is ever
+recomputed: each model's KV cache is reused across steps.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt2 import GPT2, GPT2Config, generate
+from spec_decoding import ModelDrafter, SimulatedDrafter, SpecStats, speculative_generate
+from spec_helpers import ForwardRecorder, perturbed_copy, single_thread, tiny_gpt2  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TARGET_CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=64)
+DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=64)
+# Weight noise for the "perturbed" draft, tuned so alpha lands around 0.35-0.8
+# for gamma 1..8 on these prompts (0.02 accepts nearly everything, 0.1 nearly nothing).
+PERTURBATION = 0.04
+
+PROMPTS = {"4 tokens": [[1, 2, 3, 4]], "1 token": [[7]]}
+GAMMAS = [1, 2, 3, 5, 8]
+NEW_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_gpt2(TARGET_CONFIG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def drafts(target):
+    return {
+        "self": target,
+        "unrelated": tiny_gpt2(DRAFT_CONFIG, seed=1),
+        "perturbed": perturbed_copy(target, scale=PERTURBATION, seed=2),
+    }
+
+
+def prompt(name: str = "4 tokens") -> torch.Tensor:
+    return torch.tensor(PROMPTS[name])  # (1, T)
+
+
+def check_stats_consistent(stats: SpecStats, out: torch.Tensor, T: int, gamma: int) -> None:
+    """The counters of one run agree with each other and with its output."""
+    hist = stats.accepted_hist
+    assert stats.gamma == gamma and len(hist) == gamma + 1
+    assert stats.new_tokens == out.size(1) - T
+    assert stats.target_calls == sum(hist)  # one verification per step
+    assert stats.accepted == sum(n * steps for n, steps in enumerate(hist))
+    assert stats.accepted <= stats.drafted <= gamma * stats.target_calls
+    assert stats.draft_calls == stats.drafted  # ModelDrafter: one forward pass per drafted token
+    # accepted_at[i] (draft position i + 1) counts the steps that accepted at least i + 1 drafts.
+    assert stats.accepted_at == [sum(hist[i + 1 :]) for i in range(gamma)]
+    assert all(a <= r for a, r in zip(stats.accepted_at, stats.reached_at))
+    if not stats.stopped_at_eos:  # each step emits its accepted drafts + the target's token
+        assert stats.new_tokens == stats.accepted + stats.target_calls
+    assert stats.tokens_per_target_call == stats.new_tokens / stats.target_calls
+    assert stats.draft_seconds >= 0.0 and stats.verify_seconds > 0.0
+
+
+# ---------------------------------------------------------------------------
+# Greedy: identical to the baseline
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt_name", PROMPTS)
+@pytest.mark.parametrize("gamma", GAMMAS)
+@pytest.mark.parametrize("draft_name", ["self", "unrelated", "perturbed"])
+def test_greedy_equals_baseline_token_for_token(target, drafts, draft_name, gamma, prompt_name):
+    ids = prompt(prompt_name)
+    baseline = generate(target, ids, NEW_TOKENS)
+    out, stats = speculative_generate(target, drafts[draft_name], ids, gamma=gamma, max_new_tokens=NEW_TOKENS)
+
+    assert out.tolist() == baseline.tolist()
+    check_stats_consistent(stats, out, ids.size(1), gamma)
+    alpha = stats.acceptance_rate
+    if draft_name == "self":
+        assert alpha == 1.0
+    elif draft_name == "unrelated":
+        assert alpha < 0.1
+    else:
+        assert 0.0 < alpha < 1.0, "the perturbed draft must exercise both acceptances and rejections"
+
+
+@pytest.mark.parametrize("max_new_tokens", range(12))
+def test_a_budget_ending_mid_step_gives_exactly_max_new_tokens(target, drafts, max_new_tokens):
+    # With draft = target every step emits K + 1 tokens; with gamma = 3 a
+    # budget that is not a multiple of 4 ends with a shorter last step.
+    ids, gamma = prompt(), 3
+    for draft_name in ("self", "perturbed"):
+        out, stats = speculative_generate(target, drafts[draft_name], ids, gamma=gamma, max_new_tokens=max_new_tokens)
+        assert out.size(1) == ids.size(1) + max_new_tokens
+        assert out.tolist() == generate(target, ids, max_new_tokens).tolist()
+        if draft_name == "self":
+            assert stats.drafted == max_new_tokens - stats.target_calls  # all accepted, K shrank at the end
+            assert stats.target_calls == -(-max_new_tokens // (gamma + 1))  # ceil(n / (gamma + 1)) steps
+
+
+# ---------------------------------------------------------------------------
+# End-of-text
+# ---------------------------------------------------------------------------
+
+
+def first_new_occurrences(baseline: torch.Tensor, T: int) -> dict[int, int]:
+    """{token: index among the new tokens of its first occurrence}."""
+    first: dict[int, int] = {}
+    for i, token in enumerate(baseline[0, T:].tolist()):
+        first.setdefault(token, i)
+    return first
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+@pytest.mark.parametrize("draft_name", ["self", "unrelated", "perturbed"])
+def test_eos_stops_where_the_baseline_stops(target, drafts, draft_name, gamma):
+    ids = prompt()
+    T = ids.size(1)
+    # EOS = a token the baseline first emits well into the run.
+    first = first_new_occurrences(generate(target, ids, NEW_TOKENS), T)
+    eos_id, index = next((tok, i) for tok, i in first.items() if i >= 10)
+
+    out, stats = speculative_generate(
+        target, drafts[draft_name], ids, gamma=gamma, max_new_tokens=NEW_TOKENS, eos_id=eos_id
+    )
+    assert out.tolist() == generate(target, ids, NEW_TOKENS, eos_id=eos_id).tolist()
+    assert out.size(1) == T + index + 1
+    assert out[0, -1].item() == eos_id  # EOS is kept, as the last token...
+    assert eos_id not in out[0, T:-1].tolist()  # ...the first one produced, and nothing follows it
+    assert stats.stopped_at_eos
+    check_stats_consistent(stats, out, T, gamma)
+
+
+def test_eos_among_accepted_drafts_drops_the_rest_of_the_step(target):
+    # With draft = target and gamma = 4, every step accepts 4 drafts and adds a
+    # bonus token, so new tokens 5j..5j+3 are drafted and 5j+4 are bonus tokens.
+    # An EOS at a drafted index is accepted with more drafts (and a bonus) behind it.
+    ids, gamma = prompt(), 4
+    T = ids.size(1)
+    baseline = generate(target, ids, NEW_TOKENS)
+    first = first_new_occurrences(baseline, T)
+    eos_id, index = next((tok, i) for tok, i in first.items() if i >= 5 and i % (gamma + 1) < gamma - 1)
+
+    steps = []
+    out, stats = speculative_generate(
+        target, target, ids, gamma=gamma, max_new_tokens=NEW_TOKENS, eos_id=eos_id,
+        on_step=lambda tokens, accepted: steps.append((list(tokens), accepted)),
+    )
+    assert out.tolist() == generate(target, ids, NEW_TOKENS, eos_id=eos_id).tolist()
+    assert out[0, T:].tolist() == baseline[0, T : T + index + 1].tolist()
+    last_tokens, last_accepted = steps[-1]
+    assert last_tokens[-1] == eos_id
+    assert last_accepted == len(last_tokens) < gamma + 1  # all drafted: no correction, no bonus after EOS
+    assert stats.accepted_hist[gamma] == stats.target_calls  # the verifier did accept the whole draft
+    assert stats.new_tokens == index + 1
+
+
+def test_an_eos_that_never_comes_changes_nothing(target, drafts):
+    ids = prompt()
+    baseline = generate(target, ids, NEW_TOKENS)
+    unused = next(tok for tok in range(TARGET_CONFIG.vocab_size) if tok not in baseline[0].tolist())
+    out, stats = speculative_generate(
+        target, drafts["perturbed"], ids, gamma=3, max_new_tokens=NEW_TOKENS, eos_id=unused
+    )
+    assert out.tolist() == baseline.tolist()
+    assert not stats.stopped_at_eos
+
+
+# ---------------------------------------------------------------------------
+# Context window
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+@pytest.mark.parametrize("draft_name", ["self", "perturbed"])
+def test_generation_stops_at_the_context_window(target, drafts, draft_name, gamma):
+    ids = prompt()
+    out, stats = speculative_generate(target, drafts[draft_name], ids, gamma=gamma, max_new_tokens=1000)
+    assert out.size(1) == TARGET_CONFIG.n_ctx
+    assert out.tolist() == generate(target, ids, 1000).tolist()
+    check_stats_consistent(stats, out, ids.size(1), gamma)
+
+
+def test_a_prompt_one_short_of_the_window_gets_exactly_one_token(target, drafts):
+    ids = torch.arange(TARGET_CONFIG.n_ctx - 1)[None] % TARGET_CONFIG.vocab_size  # (1, n_ctx - 1)
+    out, stats = speculative_generate(target, drafts["self"], ids, gamma=4, max_new_tokens=10)
+    assert out.tolist() == generate(target, ids, 10).tolist()
+    assert out.size(1) == TARGET_CONFIG.n_ctx
+    assert (stats.target_calls, stats.drafted) == (1, 0)  # no room to draft: one plain target step
+
+
+def test_a_draft_with_a_shorter_window_stops_drafting_and_the_target_goes_on(target):
+    # Draft window 24 < target window 64: once the sequence outgrows the draft,
+    # the loop drafts fewer tokens, then none (plain target steps).
+    # The target's own weights with only its first 24 positions: it agrees with the target while it can draft.
+    short_draft = GPT2(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=24, vocab_size=64)).eval()
+    weights = target.state_dict()
+    weights["wpe.weight"] = weights["wpe.weight"][:24]  # (n_ctx, C) -> (24, C)
+    short_draft.load_state_dict(weights)
+
+    ids = prompt()
+    with ForwardRecorder(short_draft) as draft_calls:
+        out, stats = speculative_generate(target, short_draft, ids, gamma=3, max_new_tokens=1000)
+    assert out.tolist() == generate(target, ids, 1000).tolist()
+    assert out.size(1) == TARGET_CONFIG.n_ctx
+    assert max(c.cached + c.tokens for c in draft_calls.calls) <= 24  # never past the draft's window
+    # From a sequence length of 24 + 1 on the draft cannot draft at all (it
+    # would feed position 24), and the steps before overshoot 25 by at most
+    # gamma: the rest are plain target steps, one token each, counted as 0 accepted.
+    assert stats.accepted_hist[0] >= TARGET_CONFIG.n_ctx - (24 + 1) - 3
+
+
+# ---------------------------------------------------------------------------
+# The KV caches are reused: no recompute
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("prompt_name", PROMPTS)
+def test_each_step_feeds_the_target_only_its_new_tokens(target, drafts, prompt_name, temperature):
+    ids, gamma = prompt(prompt_name), 3
+    T = ids.size(1)
+    committed = [T]  # sequence length before each step, from the streaming callback
+    with ForwardRecorder(target) as target_rec, ForwardRecorder(drafts["perturbed"]) as draft_rec:
+        out, stats = speculative_generate(
+            target, drafts["perturbed"], ids, gamma=gamma, max_new_tokens=NEW_TOKENS,
+            temperature=temperature, generator=torch.Generator().manual_seed(0),
+            on_step=lambda tokens, accepted: committed.append(committed[-1] + len(tokens)),
+        )
+    assert out.size(1) == committed[-1]
+
+    # Target: one prefill of the prompt minus its last token (none for a
+    # 1-token prompt), then exactly one call per step, each fed K + 1 <= gamma + 1
+    # tokens on top of a cache that already holds every committed token but the last.
+    prefill = [c for c in target_rec.calls[:1] if T > 1]
+    verify = target_rec.calls[len(prefill) :]
+    assert [(c.tokens, c.cached) for c in prefill] == ([(T - 1, 0)] if T > 1 else [])
+    assert len(verify) == stats.target_calls
+    assert all(1 <= c.tokens <= gamma + 1 for c in verify)
+    assert [c.cached for c in verify] == [S - 1 for S in committed[:-1]]
+    assert sum(c.tokens for c in target_rec.calls) == (T - 1) + stats.drafted + stats.target_calls
+
+    # Draft: one prefill, then one call per drafted token, each fed at most two
+    # tokens (the committed ones it has not seen: the target's token, plus the
+    # last draft after a fully accepted step).
+    draft_steps = draft_rec.calls[len(prefill) :]
+    assert len(draft_steps) == stats.draft_calls
+    assert all(1 <= c.tokens <= 2 for c in draft_steps)
+    assert sum(c.tokens for c in draft_rec.calls) <= (T - 1) + stats.drafted + stats.target_calls
+
+
+# ---------------------------------------------------------------------------
+# Sampling
+# ---------------------------------------------------------------------------
+
+
+def sample_run(target, draft, seed: int, **filters) -> tuple[list[int], SpecStats]:
+    out, stats = speculative_generate(
+        target, draft, prompt(), gamma=3, max_new_tokens=30, temperature=1.0,
+        generator=torch.Generator().manual_seed(seed), **filters,
+    )
+    return out[0].tolist(), stats
+
+
+@pytest.mark.parametrize("filters", [{}, {"top_k": 5}, {"top_p": 0.8}], ids=["plain", "top_k", "top_p"])
+def test_same_seed_same_sample_different_seed_different_sample(target, drafts, filters):
+    first, first_stats = sample_run(target, drafts["perturbed"], seed=123, **filters)
+    again, again_stats = sample_run(target, drafts["perturbed"], seed=123, **filters)
+    other, _ = sample_run(target, drafts["perturbed"], seed=124, **filters)
+    assert again == first
+    assert again_stats.accepted_hist == first_stats.accepted_hist
+    assert other != first
+    check_stats_consistent(first_stats, torch.tensor([first]), prompt().size(1), 3)
+
+
+def test_a_model_drafter_can_be_reused_across_runs(target, drafts):
+    # prefill restarts the drafter's cache, so a second run is not polluted by the first.
+    drafter = ModelDrafter(drafts["perturbed"])
+    first, _ = sample_run(target, drafter, seed=5)
+    again, _ = sample_run(target, drafter, seed=5)
+    assert again == first == sample_run(target, drafts["perturbed"], seed=5)[0]
+
+
+def test_sampling_with_the_target_as_its_own_draft_accepts_almost_everything(target):
+    # p_draft and p_target are the same model's distributions, equal up to
+    # float rounding (the draft scores one token at a time, the target K + 1
+    # at once), so min(1, p_target / p_draft) is 1 up to ~1e-6.
+    tokens, stats = sample_run(target, target, seed=0)
+    assert stats.acceptance_rate > 0.95
+    assert all(0 <= t < TARGET_CONFIG.vocab_size for t in tokens)
+
+
+# ---------------------------------------------------------------------------
+# The simulated drafter (for benchmarks)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
+def test_simulated_drafter_keeps_the_output_and_sets_the_acceptance_rate(target, drafts, alpha):
+    ids = prompt()
+    reference = generate(target, ids, NEW_TOKENS)
+    drafter = SimulatedDrafter(drafts["unrelated"], reference, alpha, seed=0)
+    out, stats = speculative_generate(target, drafter, ids, gamma=4, max_new_tokens=NEW_TOKENS)
+    assert out.tolist() == reference.tolist()
+    if alpha == 0.0:
+        assert stats.accepted == 0
+    elif alpha == 1.0:
+        assert stats.acceptance_rate == 1.0
+    else:
+        assert 0.0 < stats.acceptance_rate < 1.0
+
+
+def test_simulated_drafter_refuses_bad_settings(target, drafts):
+    reference = generate(target, prompt(), 8)
+    with pytest.raises(ValueError, match=r"acceptance rate must lie in \[0, 1\]"):
+        SimulatedDrafter(drafts["unrelated"], reference, 1.5)
+    drafter = SimulatedDrafter(drafts["unrelated"], reference, 0.5)
+    with pytest.raises(ValueError, match="greedy decoding only"):
+        speculative_generate(target, drafter, prompt(), gamma=2, max_new_tokens=4, temperature=1.0)
+
+
+# ---------------------------------------------------------------------------
+# Errors: raised before any model runs, with a message that says what to do
+# ---------------------------------------------------------------------------
+
+BAD_CALLS = {
+    "gamma 0": ({"gamma": 0}, "gamma must be an integer >= 1"),
+    "gamma negative": ({"gamma": -2}, "gamma must be an integer >= 1"),
+    "gamma not an integer": ({"gamma": 2.5}, "gamma must be an integer >= 1"),
+    "negative budget": ({"max_new_tokens": -1}, "max_new_tokens must be an integer >= 0"),
+    "negative temperature": ({"temperature": -1.0}, "temperature must be a number >= 0"),
+    "batch of 2": ({"input_ids": torch.tensor([[1, 2], [3, 4]])}, "one sequence at a time"),
+    "empty prompt": ({"input_ids": torch.zeros(1, 0, dtype=torch.long)}, "the prompt is empty"),
+    "prompt too long": ({"input_ids": torch.zeros(1, 64, dtype=torch.long)}, "shorten it to at most 63 tokens"),
+    "token out of vocabulary": ({"input_ids": torch.tensor([[1, 64]])}, r"token ids must lie in \[0, 64\)"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_bad_arguments_raise_a_clear_error_before_any_work(target, drafts, case):
+    overrides, message = BAD_CALLS[case]
+    kwargs = {"input_ids": prompt(), "gamma": 3, "max_new_tokens": 5} | overrides
+    input_ids = kwargs.pop("input_ids")
+    with (
+        ForwardRecorder(target) as target_rec,
+        ForwardRecorder(drafts["perturbed"]) as draft_rec,
+        pytest.raises(ValueError, match=message),
+    ):
+        speculative_generate(target, drafts["perturbed"], input_ids, **kwargs)
+    assert target_rec.calls == [] and draft_rec.calls == []
+
+
+def test_a_vocabulary_mismatch_is_refused_before_any_work(target):
+    other_vocab = tiny_gpt2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=65), seed=3)
+    with (
+        ForwardRecorder(target) as target_rec,
+        ForwardRecorder(other_vocab) as draft_rec,
+        pytest.raises(ValueError, match=r"different vocabularies \(65 vs 64 tokens\)"),
+    ):
+        speculative_generate(target, other_vocab, prompt(), gamma=3, max_new_tokens=5)
+    assert target_rec.calls == [] and draft_rec.calls == []
+
+
+def test_a_prompt_that_fits_the_target_but_not_the_draft_is_refused(target):
+    short_draft = tiny_gpt2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=16, vocab_size=64), seed=3)
+    with pytest.raises(ValueError, match="context window is 16"):
+        speculative_generate(target, short_draft, torch.zeros(1, 20, dtype=torch.long), gamma=3, max_new_tokens=5)
