@@ -481,6 +481,7 @@ def print_stats(args: argparse.Namespace, stats, n_new: int, timings: dict, stop
     from spec_decoding import expected_tokens_per_step
 
     alpha = stats.acceptance_rate
+    judged_alpha = stats.judged_acceptance_rate  # the alpha of Leviathan's formula
     print()
     print_rows([
         ("new tokens", f"{n_new} in {stats.target_calls} target calls, {stop}"),
@@ -488,7 +489,8 @@ def print_stats(args: argparse.Namespace, stats, n_new: int, timings: dict, stop
         (
             "tokens/target call",
             f"{stats.tokens_per_target_call:.2f} (at most {args.gamma + 1}; "
-            f"{expected_tokens_per_step(alpha, args.gamma):.2f} expected at this α, Leviathan et al. eq. 1)",
+            f"{expected_tokens_per_step(judged_alpha, args.gamma):.2f} expected from the per-token "
+            f"acceptance {judged_alpha:.3f}, Leviathan et al. eq. 1)",
         ),
         ("forward calls", f"target {stats.target_calls}, draft {stats.draft_calls} (after the prompt's prefill)"),
         (

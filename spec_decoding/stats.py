@@ -78,6 +78,16 @@ class SpecStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
+    def judged_acceptance_rate(self) -> float:
+        """accepted / judged: the estimate of Leviathan et al.'s alpha, the
+        probability that a drafted token is accepted once verification reaches
+        it. Drafted tokens after a rejection are never judged, so this is what
+        E = (1 - alpha^(gamma+1)) / (1 - alpha) needs; `acceptance_rate`
+        (accepted / drafted) is lower whenever gamma > 1 and rejections happen."""
+        judged = sum(self.reached_at)
+        return self.accepted / judged if judged else 0.0
+
+    @property
     def tokens_per_target_call(self) -> float:
         """Mean tokens emitted per target forward pass (1 for plain decoding)."""
         return self.new_tokens / self.target_calls if self.target_calls else 0.0
@@ -91,6 +101,7 @@ class SpecStats:
         """Every counter plus the derived rates, JSON-ready."""
         d = asdict(self)
         d["acceptance_rate"] = self.acceptance_rate
+        d["judged_acceptance_rate"] = self.judged_acceptance_rate
         d["tokens_per_target_call"] = self.tokens_per_target_call
         d["position_acceptance"] = [None if r != r else r for r in self.position_acceptance]  # NaN -> null
         return d

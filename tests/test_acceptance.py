@@ -278,3 +278,15 @@ def test_expected_tokens_per_step_is_the_sum_of_a_geometric_series():
         for gamma in (1, 2, 5, 8):
             series = sum(alpha**i for i in range(gamma + 1))
             assert expected_tokens_per_step(alpha, gamma) == pytest.approx(series, rel=1e-6)
+
+
+def test_judged_acceptance_rate_counts_only_reached_drafts():
+    # gamma 4: one step rejects position 1 (judged 1, accepted 0), one accepts 2
+    # then rejects position 3 (judged 3, accepted 2), one accepts all 4 (judged 4).
+    stats = SpecStats(4)
+    stats.record_step(drafted=4, accepted=0, emitted=1)
+    stats.record_step(drafted=4, accepted=2, emitted=3)
+    stats.record_step(drafted=4, accepted=4, emitted=5)
+    assert stats.acceptance_rate == 6 / 12
+    assert stats.judged_acceptance_rate == 6 / 8
+    assert stats.to_dict()["judged_acceptance_rate"] == 6 / 8

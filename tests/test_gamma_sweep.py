@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.common import run_cli
+from benchmarks.common import load_prompt_tokenizer, run_cli
 from benchmarks.gamma_sweep import main
 from benchmarks.sweep_report import (
     COLUMNS,
@@ -42,6 +42,16 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def prompt_tokenizer():
+    """The sweep encodes the real prompts: it needs the GPT-2 vocabulary
+    (../shared/gpt2-bpe, or tiktoken's cache)."""
+    try:
+        return load_prompt_tokenizer(None)
+    except FileNotFoundError as e:
+        pytest.skip(f"no GPT-2 vocabulary to encode the benchmark prompts: {e}")
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict]]:
@@ -144,7 +154,7 @@ def test_greedy_output_under_simulation_equals_the_baseline(simulated_runs):
 # ---------------------------------------------------------------------------
 
 
-def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path):
+def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path, prompt_tokenizer):
     assert main(TINY_SWEEP + ["--out", str(tmp_path)]) == 0
     for name in OUTPUTS:
         assert (tmp_path / name).is_file() and (tmp_path / name).stat().st_size > 0, name
@@ -175,7 +185,7 @@ def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path):
     assert "predicted | efficiency |" in md
 
 
-def test_simulated_sweep_is_labelled_and_controls_acceptance(tmp_path):
+def test_simulated_sweep_is_labelled_and_controls_acceptance(tmp_path, prompt_tokenizer):
     assert main(TINY_SWEEP + ["--simulate-acceptance", "0.5", "1.0", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "sweep.md").read_text()
     assert "SIMULATED ACCEPTANCE (alpha_sim = 0.5, 1)" in md and "| α_sim |" in md
@@ -192,7 +202,7 @@ def test_simulated_sweep_is_labelled_and_controls_acceptance(tmp_path):
             assert float(r["accepted_over_drafted"]) == 1.0
 
 
-def test_peer_transformers_runs_beside_ours(tmp_path):
+def test_peer_transformers_runs_beside_ours(tmp_path, prompt_tokenizer):
     pytest.importorskip("transformers")
     args = ["--tiny", "--draft-equals-target", "--peer", "transformers", "--gamma", "2", "--max-gen", "6",
             "--prompts", "1", "--repeats", "1", "--component-calls", "1", "--no-progress", "--out", str(tmp_path)]

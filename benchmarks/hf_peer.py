@@ -1,0 +1,132 @@
+"""`transformers`' assisted generation as a peer to compare against.
+
+The same weights run through Hugging Face's `GPT2LMHeadModel`: plain
+`generate` as its baseline, and `generate(..., assistant_model=draft)` as its
+speculative decoding (assisted generation; Leviathan et al. 2023's rejection
+sampling when sampling). Only the benchmarks import this module, and only when
+asked for the peer: `transformers` is a test/benchmark dependency.
+
+Settings that make the comparison like-for-like (transformers 5.x,
+generation/candidate_generator.py):
+- the assistant drafts a constant number of tokens: `num_assistant_tokens` =
+  gamma with `num_assistant_tokens_schedule = "constant"` (the default
+  "heuristic" schedule changes it from step to step);
+- confidence-based early stop off: `assistant_confidence_threshold = 0`
+  (None would be replaced by its default 0.4; only a value > 0 adds the stop);
+- no end-of-text (`eos_token_id=None`) and `min_new_tokens = max_new_tokens`,
+  so every run produces exactly the requested number of tokens, as ours do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpt2 import GPT2, SamplingConfig
+
+# GPT-2's four projections per block are Conv1D in transformers, stored (in, out).
+CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def to_transformers(model: GPT2):
+    """transformers' GPT2LMHeadModel with a copy of `model`'s weights, on its
+    device and dtype, in eval mode (the library's default attention, SDPA).
+
+    Raises:
+        ValueError: transformers is not installed (the message says how to get it).
+    """
+    try:
+        from transformers import GPT2Config as HFGPT2Config
+        from transformers import GPT2LMHeadModel
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise ValueError(
+            "--peer transformers needs the transformers library: pip install -r requirements-dev.txt"
+        ) from None
+    hf_logging.set_verbosity_error()  # no per-call advice about generation settings in the output
+
+    c = model.config
+    hf_config = HFGPT2Config(
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        n_embd=c.n_embd,
+        n_positions=c.n_ctx,
+        vocab_size=c.vocab_size,
+        layer_norm_epsilon=c.layer_norm_epsilon,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name.endswith(CONV1D_SUFFIXES):
+            tensor = tensor.t()  # our (out, in) -> Conv1D's (in, out)
+        state[f"transformer.{name}"] = tensor.contiguous().clone()  # its own copy, in its own layout
+    with torch.device("meta"):
+        hf_model = GPT2LMHeadModel(hf_config)  # shapes only; the weights come from `state`
+    missing, unexpected = hf_model.load_state_dict(state, strict=False, assign=True)
+    assert not unexpected, f"transformers' GPT-2 has no parameters {unexpected}"
+    assert set(missing) <= {"lm_head.weight"}, f"weights left unset: {missing}"
+    hf_model.tie_weights()  # lm_head = wte, as in GPT-2
+    assert hf_model.lm_head.weight.data_ptr() == hf_model.transformer.wte.weight.data_ptr(), "lm_head must be tied"
+    return hf_model.to(device=model.device, dtype=model.dtype).eval()
+
+
+def generation_kwargs(max_new_tokens: int, sampling: SamplingConfig) -> dict:
+    """`generate` arguments for exactly `max_new_tokens` tokens with our sampling settings."""
+    kwargs = {
+        "max_new_tokens": max_new_tokens,
+        "min_new_tokens": max_new_tokens,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "do_sample": not sampling.greedy,
+    }
+    if not sampling.greedy:
+        kwargs.update(
+            temperature=sampling.temperature,
+            top_k=sampling.top_k if sampling.top_k is not None else 0,  # 0: no top-k (its default is 50)
+            top_p=sampling.top_p if sampling.top_p is not None else 1.0,
+        )
+    return kwargs
+
+
+def set_assistant_tokens(assistant, gamma: int) -> None:
+    """Makes `assistant` draft exactly `gamma` tokens per step, with no early stop."""
+    config = assistant.generation_config
+    config.num_assistant_tokens = gamma
+    config.num_assistant_tokens_schedule = "constant"
+    config.assistant_confidence_threshold = 0.0
+
+
+@torch.inference_mode()
+def hf_generate(
+    hf_target,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    *,
+    assistant=None,
+    gamma: int | None = None,
+) -> torch.Tensor:
+    """transformers' plain generate (assistant None) or assisted generation
+    with `assistant` drafting `gamma` tokens per step.
+
+    Args:
+        hf_target, assistant: models from `to_transformers`.
+        input_ids: (1, T) prompt.
+        max_new_tokens: exactly this many tokens are generated.
+        sampling: our sampling settings, mapped onto transformers' arguments;
+            transformers samples from torch's global generator (seed it).
+
+    Returns:
+        (1, T + max_new_tokens) LongTensor.
+    """
+    kwargs = generation_kwargs(max_new_tokens, sampling)
+    if assistant is not None:
+        assert gamma is not None and gamma >= 1, "assisted generation needs gamma >= 1"
+        set_assistant_tokens(assistant, gamma)
+        kwargs["assistant_model"] = assistant
+    attention_mask = torch.ones_like(input_ids)  # one unpadded sequence
+    return hf_target.generate(input_ids, attention_mask=attention_mask, **kwargs)
