@@ -19,7 +19,7 @@ transposed once here, after a shape check against the config.
 
 from __future__ import annotations
 
-import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -123,36 +123,43 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
         RepositoryNotFoundError,
     )
 
+    first_download = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    for filename in wanted:
-        if (folder / filename).is_file():
-            continue
-        try:
-            hf_hub_download(repo_id, filename, local_dir=folder)
-        except GatedRepoError:
-            raise ValueError(f"'{repo_id}' is a gated repo on the Hugging Face Hub: log in with `hf auth login` first") from None
-        except RepositoryNotFoundError:
-            raise ValueError(
-                f"no model '{repo_id}' on the Hugging Face Hub: check the name (e.g. gpt2, gpt2-large, "
-                "distilgpt2, openai-community/gpt2-xl) or pass a local folder with config.json and model.safetensors"
-            ) from None
-        except LocalEntryNotFoundError as e:  # no network; it subclasses EntryNotFoundError, so it comes first
-            raise cannot_download(repo_id, folder, e) from None
-        except EntryNotFoundError:
-            if filename in TOKENIZER_FILES:
-                continue  # the tokenizer falls back to tiktoken's own GPT-2 files
-            raise ValueError(
-                f"'{repo_id}' on the Hugging Face Hub has no {filename}; only GPT-2 checkpoints saved as "
-                "safetensors can be loaded"
-            ) from None
-        except OSError as e:
-            if isinstance(e, ValueError):
-                raise
-            raise cannot_download(repo_id, folder, e) from None
-        except Exception as e:  # httpx errors that are not OSError: the network is the problem
-            if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3"):
+    try:
+        for filename in wanted:
+            if (folder / filename).is_file():
+                continue
+            try:
+                hf_hub_download(repo_id, filename, local_dir=folder)
+            except GatedRepoError:
+                raise ValueError(
+                    f"'{repo_id}' is a gated repo on the Hugging Face Hub: log in with `hf auth login` first"
+                ) from None
+            except RepositoryNotFoundError:
+                raise ValueError(
+                    f"no model '{repo_id}' on the Hugging Face Hub: check the name (e.g. gpt2, gpt2-large, "
+                    "distilgpt2, openai-community/gpt2-xl) or pass a local folder with config.json and "
+                    "model.safetensors"
+                ) from None
+            except LocalEntryNotFoundError as e:  # no network; it subclasses EntryNotFoundError, so it comes first
                 raise cannot_download(repo_id, folder, e) from None
-            raise
+            except EntryNotFoundError:
+                if filename in TOKENIZER_FILES:
+                    continue  # the tokenizer falls back to tiktoken's own GPT-2 files
+                raise ValueError(
+                    f"'{repo_id}' on the Hugging Face Hub has no {filename}; only GPT-2 checkpoints saved as "
+                    "safetensors can be loaded"
+                ) from None
+            except OSError as e:
+                raise cannot_download(repo_id, folder, e) from None
+            except Exception as e:  # httpx errors that are not OSError: the network is the problem
+                if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2"):
+                    raise cannot_download(repo_id, folder, e) from None
+                raise
+    except Exception:
+        if first_download and not any((folder / f).is_file() for f in wanted):
+            shutil.rmtree(folder, ignore_errors=True)  # leave no empty folder behind a failed first try
+        raise
     return folder
 
 

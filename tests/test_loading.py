@@ -142,6 +142,7 @@ def test_unknown_repo_raises_value_error_naming_it(hub, tmp_path, folder):
     hub({REPO_ID: served_files(folder)})
     with pytest.raises(ValueError, match="no model 'someorg/no-such-model' on the Hugging Face Hub"):
         load_model("someorg/no-such-model", weights_dir=tmp_path / "weights")
+    assert not (tmp_path / "weights" / "someorg--no-such-model").exists()  # no empty folder left behind
 
 
 def test_a_repo_without_safetensors_raises_value_error(hub, tmp_path, folder):
