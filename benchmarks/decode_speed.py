@@ -15,7 +15,8 @@ a KV cache holding a --prefix-token prompt:
   that attention over the cache and the cache writes show if they cost much;
 - the bandwidth bound: the bytes of weights one step must read (every matrix,
   the tied LM head included, once) / the machine's read bandwidth, measured
-  here as the median time of summing a --bandwidth-mib tensor.
+  here by summing a --bandwidth-mib tensor (median of samples taken before
+  and after each model).
 
 How: every repeat runs each implementation in turn (in reversed order on odd
 repeats), after --warmup uncounted repeats; the tables show medians. After each
@@ -73,17 +74,17 @@ LONG_K = 5  # the verification length timed at the long context (gamma = 4)
 # ---------------------------------------------------------------------------
 
 
-def read_bandwidth(mib: int, repeats: int) -> tuple[float, list[float]]:
-    """Read bandwidth in bytes/s: the median over `repeats` of summing a
-    `mib`-MiB float32 tensor (after one uncounted pass), and the samples (s)."""
+def read_bandwidth_samples(mib: int, repeats: int) -> list[float]:
+    """Read bandwidth samples in bytes/s: `repeats` timings of summing a
+    `mib`-MiB float32 tensor, after one uncounted pass."""
     x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)  # every page touched once before timing
     x.sum()
     samples = []
     for _ in range(repeats):
         t0 = clock(CPU)
         x.sum()
-        samples.append(clock(CPU) - t0)
-    return x.numel() * 4 / median(samples), samples
+        samples.append(x.numel() * 4 / (clock(CPU) - t0))
+    return samples
 
 
 def step_weight_bytes(model: GPT2) -> int:
@@ -145,13 +146,14 @@ class TransformersRunner:
 
     def verify(self, tokens: torch.Tensor) -> torch.Tensor:
         logits = self.hf_model(tokens, past_key_values=self.cache, use_cache=True).logits  # (1, k, V)
-        self.cache.crop(-tokens.size(1))  # drop the k new positions (a negative count: transformers >= 4.4x and 5)
+        self.cache.crop(-tokens.size(1))  # a negative count drops that many positions (transformers 4.x and 5.x)
         return logits
 
 
-def timed(fn: Callable[[], object]) -> float:
+def timed(fn: Callable[..., object], *args: torch.Tensor) -> float:
+    """Seconds that `fn(*args)` takes."""
     t0 = clock(CPU)
-    fn()
+    fn(*args)
     return clock(CPU) - t0
 
 
@@ -172,9 +174,9 @@ def time_interleaved(
         for r in order:
             got = {}
             if time_prefill:
-                got["prefill"] = timed(lambda: r.prefill(prompt))  # leaves the prompt in the cache
+                got["prefill"] = timed(r.prefill, prompt)  # leaves the prompt in the cache
             for k in ks:
-                got[f"k={k}"] = timed(lambda: r.verify(drafts[:, :k]))
+                got[f"k={k}"] = timed(r.verify, drafts[:, :k])
             if rep >= warmup:
                 for key, t in got.items():
                     samples[r.label].setdefault(key, []).append(t)
@@ -200,7 +202,7 @@ def check_same_logits(runners: list, prompt: torch.Tensor, drafts: torch.Tensor)
 # ---------------------------------------------------------------------------
 
 
-def bench_model(name: str, args: argparse.Namespace, bandwidth: float) -> dict:
+def bench_model(name: str, args: argparse.Namespace) -> dict:
     config = preset(name)
     print(f"[{name}] building the model with random weights ...", file=sys.stderr, flush=True)
     model = random_model(config, device=CPU, dtype=DTYPE, seed=args.seed)
@@ -216,9 +218,9 @@ def bench_model(name: str, args: argparse.Namespace, bandwidth: float) -> dict:
     g = torch.Generator().manual_seed(args.seed)
     V = config.vocab_size
     prompt = torch.randint(V, (1, args.prefix), generator=g)  # (1, P)
-    drafts = torch.randint(V, (1, max(args.ks)), generator=g)  # (1, max k)
+    drafts = torch.randint(V, (1, max(*args.ks, LONG_K)), generator=g)  # (1, max k)
     long_prompt = torch.cat([prompt, torch.randint(V, (1, args.long), generator=g)], dim=1)  # (1, P + L)
-    if long_prompt.size(1) + max(args.ks) > config.n_ctx:
+    if long_prompt.size(1) + drafts.size(1) > config.n_ctx:
         raise ValueError(f"--prefix + --long + max(--ks) must fit the context window {config.n_ctx}")
 
     with torch.inference_mode():
@@ -240,9 +242,7 @@ def bench_model(name: str, args: argparse.Namespace, bandwidth: float) -> dict:
                 runners, long_prompt, drafts, [1, LONG_K], warmup=args.warmup, repeats=args.repeats, time_prefill=False
             )
 
-    weight_bytes = step_weight_bytes(model)
-    bound_s = weight_bytes / bandwidth
-    result = {"model": name, "weight_bytes": weight_bytes, "bound_s": bound_s, "max_abs_logit_diff": diffs,
+    result = {"model": name, "weight_bytes": step_weight_bytes(model), "max_abs_logit_diff": diffs,
               "implementations": {}}
     for r in runners:
         s = short[r.label]
@@ -251,7 +251,6 @@ def bench_model(name: str, args: argparse.Namespace, bandwidth: float) -> dict:
         entry = {
             "prefill_s": med["prefill"],
             "step_s": t_step,
-            "fraction_of_bound": bound_s / t_step,
             "verify_s": {k: med[f"k={k}"] for k in args.ks},
             "r": {k: med[f"k={k}"] / t_step for k in args.ks},
             "samples": s,
@@ -281,10 +280,15 @@ def ms(seconds: float) -> str:
 
 def report(results: list[dict], args: argparse.Namespace, env: dict, bandwidth: float) -> str:
     k5 = 5 if 5 in args.ks else args.ks[0]
-    lines = ["# Decode speed", "", *environment_lines(env),
-             f"- read bandwidth: {bandwidth / 1e9:.1f} GB/s (median sum over a {args.bandwidth_mib} MiB tensor)",
-             f"- batch 1, random weights, prefix {args.prefix} tokens; medians of {args.repeats} interleaved "
-             f"repeats after {args.warmup} warm-up",
+    bandwidth_line = (
+        f"- read bandwidth: {bandwidth / 1e9:.1f} GB/s (median of summing a {args.bandwidth_mib} MiB tensor, "
+        f"{args.repeats} times before and after each model)"
+    )
+    settings_line = (
+        f"- batch 1, random weights, prefix {args.prefix} tokens; medians of {args.repeats} interleaved "
+        f"repeats after {args.warmup} warm-up"
+    )
+    lines = ["# Decode speed", "", *environment_lines(env), bandwidth_line, settings_line,
              f"- command: `{args.command}`", ""]
 
     headers = ["model", "implementation", f"prefill {args.prefix} (ms)", "step (ms)", "bound (ms)",
@@ -376,9 +380,18 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("transformers is not installed: pip install -r requirements-dev.txt, or pass --no-transformers") from None
     out = results_dir(args.out, "decode_speed")
 
-    bandwidth, bw_samples = read_bandwidth(args.bandwidth_mib, max(5, args.repeats))
-    print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s", file=sys.stderr, flush=True)
-    results = [bench_model(name, args, bandwidth) for name in args.models]
+    # Bandwidth drifts with whatever else the machine does: sample it before
+    # and after every model, and take the median of all samples.
+    bw_samples = read_bandwidth_samples(args.bandwidth_mib, args.repeats)
+    results = []
+    for name in args.models:
+        results.append(bench_model(name, args))
+        bw_samples += read_bandwidth_samples(args.bandwidth_mib, args.repeats)
+    bandwidth = median(bw_samples)
+    for res in results:  # the bound: the step's weight bytes at that bandwidth
+        res["bound_s"] = res["weight_bytes"] / bandwidth
+        for e in res["implementations"].values():
+            e["fraction_of_bound"] = res["bound_s"] / e["step_s"]
 
     env = environment(CPU, DTYPE, {f"shape {i + 1}": name for i, name in enumerate(args.models)})
     env["fast_linear"] = "onednn_linear" if gpt2_linear.USE_ONEDNN else "F.linear"
@@ -389,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": env,
         "settings": {k: v for k, v in vars(args).items()},
         "read_bandwidth_bytes_per_s": bandwidth,
-        "read_bandwidth_samples_s": bw_samples,
+        "read_bandwidth_samples_bytes_per_s": bw_samples,
         "results": results,
     })
     print(f"results in {out}", file=sys.stderr)
