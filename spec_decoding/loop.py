@@ -18,6 +18,7 @@ up on what it has not seen the next time it drafts.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -50,7 +51,7 @@ def speculative_generate(
     top_p: float | None = None,
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
-    on_step=None,
+    on_step: Callable[[list[int], int], None] | None = None,
     stats: SpecStats | None = None,
 ) -> tuple[torch.Tensor, SpecStats]:
     """Generates like `gpt2.generate(target, ...)`, several tokens per target call.
@@ -123,10 +124,9 @@ def speculative_generate(
         t0 = _clock(device)
         if K > 0:
             proposal = drafter.propose(seq[:, :S], K, sampling, generator)
-        else:  # no room to draft: a plain target step
-            proposal = Draft(tokens=seq.new_empty(0), probs=None, forward_calls=0)
-            if not sampling.greedy:
-                proposal.probs = torch.empty(0, target.config.vocab_size, device=device)
+        else:  # no room to draft: a plain target step, verifying only the pending token
+            no_probs = None if sampling.greedy else torch.empty(0, target.config.vocab_size, device=device)  # (0, V)
+            proposal = Draft(tokens=seq.new_empty(0), probs=no_probs, forward_calls=0)  # (0,) tokens
         t1 = _clock(device)
 
         verify_ids = torch.cat([seq[0, S - 1 : S], proposal.tokens])  # (K + 1,): pending token + drafts
