@@ -37,6 +37,7 @@ from gpt2 import (
     resolve_device,
     resolve_dtype,
 )
+from gpt2 import linear as gpt2_linear
 from gpt2.loading import resolve_source
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -164,6 +165,7 @@ def environment(device: torch.device, dtype: torch.dtype, models: dict[str, str]
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "models": dict(models),
+        "cpu_linear": gpt2_linear.describe(),  # the kernel behind every CPU float32 product
         "git_commit": git_commit(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -177,6 +179,7 @@ def environment_lines(env: dict) -> list[str]:
         f"{env['cpu_count']} logical CPUs",
         f"- dtype: {env['dtype']}; torch {env['torch']}; Python {env['python']}; {env['platform']}",
         f"- models: {models}",
+        f"- CPU float32 linear layers: {env.get('cpu_linear', 'not recorded')}",
         f"- commit: {env['git_commit']}; date: {env['date']}",
     ]
 

@@ -394,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
             e["fraction_of_bound"] = res["bound_s"] / e["step_s"]
 
     env = environment(CPU, DTYPE, {f"shape {i + 1}": name for i, name in enumerate(args.models)})
-    env["fast_linear"] = "onednn_linear" if gpt2_linear.USE_ONEDNN else "F.linear"
     text = report(results, args, env, bandwidth)
     print(text)
     (out / "decode_speed.md").write_text(text + "\n", encoding="utf-8")

@@ -6,46 +6,48 @@ Every matrix product of the model (attention and MLP projections, the LM head)
 calls `linear`, so the CPU kernel is chosen in exactly one place.
 
 The readable path is `F.linear`. It is what runs on a GPU, in float16/bfloat16,
-and whenever autograd is recording. On a CPU in float32 during inference
-(`torch.no_grad` / `torch.inference_mode`), `linear` calls `onednn_linear`
-instead, the one speed trick of this file:
+for more than KERNEL_MAX_ROWS rows (a prompt's prefill), whenever autograd is
+recording, and wherever the C kernel cannot be built. On an x86-64 CPU with
+AVX2 in float32 during inference, `linear` calls `few_rows_linear` instead,
+the one speed trick of this file:
 
-- What it does: oneDNN's inner product (the op `torch.compile` itself emits
-  for float32 CPU linears with frozen weights) on a copy of W reordered once ("packed") into oneDNN's
-  blocked layout, for every number of rows N. The packed copy is made on first
-  use and kept until W is freed or changed.
-- What it buys: with plain `F.linear` (MKL sgemm) a product of 2-9 rows costs
-  2-3x one of 1 row although it reads the same weights, so verifying gamma + 1
-  drafted tokens costs ~2.4x a decode step and speculative decoding loses on
-  a CPU. Packed oneDNN is faster for every N, most for N >= 2. Measured on 2 AMD EPYC cores (AVX2), torch
-  2.13, fp32, 2 threads, medians of interleaved runs, ms:
+- What it does: a small C loop (few_rows_linear.c, built on first use by
+  c_kernel.py) that reads each weight once and multiplies it into all N rows
+  while it sits in a register, from a copy of W "pair-packed" so that each
+  thread reads one sequential stream (`pack_pairs`). The packed copy is made
+  on first use and kept until W is freed or changed.
+- What it buys: a decode step (N = 1) and a verification pass (N = gamma + 1)
+  both read every weight once, so both should cost what reading the weights
+  costs. BLAS kernels are tuned for large N: with `F.linear` (MKL sgemm) 5
+  rows cost 2.4-2.8x one row, so verifying gamma + 1 drafted tokens costs
+  ~2.8x a decode step and speculative decoding loses on a CPU. Measured on 2
+  AMD EPYC cores (AVX2), torch 2.13, fp32, 2 threads, medians of interleaved
+  runs, ms:
 
       16 gpt2-large MLP weights (8 x (1280->5120, 5120->1280), 419 MB, read
-      from memory each time):        N=1    N=2    N=5    N=9
-      F.linear                       23.0   54.7   72.4   79.1
-      onednn_linear (packed W)       16.5   19.7   26.4   29.1
-      (N=1: 25 GB/s, ~85% of the 29.5 GB/s a plain sum read at the time)
+      from memory each time):        N=1    N=5    N=7    N=9    N=16
+      F.linear                       24.3   64.3   69.1   70.8   72.6
+      oneDNN, packed W (other run) 18.9   26.6    -     31.2    -
+      few_rows_linear                15.1   17.5   18.8   24.1   39.1
 
       whole gpt2-large forward on a 100-token cache (benchmarks/decode_speed.py --plain-linear):
                                      step   t_v(5)  r_5 = t_v(5) / step
-      F.linear                       178    423     2.37
-      onednn_linear                  123    172     1.39
-      transformers                   168    419     2.50
-      (two more runs on this shared machine: step 127 and 144, r_5 1.48 and 1.31)
+      F.linear                       186    521     2.80
+      few_rows_linear                124    142     1.14
+      transformers                   183    547     2.98
 
-  Tried, all slower than packed oneDNN: `addmm` on a second (in, out) copy of W
-  (N=1 on the LM head 10.7 vs 10.3 ms, N=5 39 vs 12.5), `mm` of the
-  transposed problem W x^T (N=1 1.4x, N=5 1.5x), oneDNN on the unpacked
-  W (N=1 1.1x, N=5 1.4x), MKL's packed sgemm (`torch.ops.mkl._mkl_linear`),
-  batched products over column panels of W. Not taken: `torch.compile`'s C++
-  GEMM template (max-autotune, frozen weights) was ~20% faster at N=1 and
-  equal at N=5, but needs a C++ compiler and a compile per shape.
+  Tried before, all slower at N = 5: oneDNN's inner product on packed W
+  (r_5 1.31-1.48, table above), `addmm` on a second (in, out) copy of W, `mm`
+  of the transposed problem W x^T, MKL's packed sgemm, batched products over
+  column panels of W; the same C loop on the unpacked W (two streams per
+  thread: N = 5 ~20% slower on 1280-wide inputs).
 - What it costs: RAM for one packed copy of every weight matrix, i.e. the
   weights twice (gpt2-large: +3.1 GB; gpt2: +0.5 GB). The dense weights stay,
-  as parameters, for the embedding lookup, `state_dict` and autograd. A
-  second dense (in, out) copy would cost as much and is slower.
-- Results: equal up to floating-point reassociation (max abs difference of
-  gpt2-shape logits to `F.linear` ~5e-6 at logits of magnitude ~3).
+  as parameters, for the embedding lookup, prefill, `state_dict` and autograd.
+  A C compiler (`cc`) on first use, about a second; c_kernel.status() says
+  why the kernel is not used where it is not.
+- Results: equal up to floating-point reassociation (the sums run in another
+  order: max abs difference of gpt2-shape logits to `F.linear` ~4e-6).
 
 Set the environment variable GPT2_PLAIN_LINEAR=1 to run `F.linear` everywhere
 (or use `with plain_linear():`), for comparison or debugging.
@@ -62,26 +64,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt2 import c_kernel
+
 # GPT2_PLAIN_LINEAR=1 switches the speed trick off: the readable path everywhere.
 PLAIN_LINEAR = os.environ.get("GPT2_PLAIN_LINEAR", "0") == "1"
 
-# oneDNN packs a weight for an expected number of rows. With hint 5 (gamma + 1
-# for gamma = 4) the layout beats unpacked W at every N = 1 ... 9 (table
-# above); hints 1, 8 and 16 measured the same or slower.
-ONEDNN_PACKING_ROWS = 5
+# The kernel is used for 1 ... KERNEL_MAX_ROWS rows; above that (a prompt's
+# prefill) MKL's sgemm is faster. Measured on the gpt2-large MLP weights:
+# kernel / F.linear = 0.88 at 48 rows, 1.02 at 64, 1.24 at 100.
+KERNEL_MAX_ROWS = 32
 
-
-def onednn_available() -> bool:
-    """Whether this PyTorch build has oneDNN and the two ops `onednn_linear` uses."""
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
-
-
-# Chosen once, at import: the fast CPU path exists in this build and is not switched off.
-USE_ONEDNN = not PLAIN_LINEAR and onednn_available()
+_use_kernel = not PLAIN_LINEAR
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -95,43 +88,91 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     Returns:
         (..., out), in x's dtype, on x's device.
     """
-    if USE_ONEDNN and runs_on_onednn(x, weight, bias):
-        return onednn_linear(x, weight, bias)
+    if runs_on_kernel(x, weight, bias):
+        return few_rows_linear(x, weight, bias)
     return F.linear(x, weight, bias)  # (..., in) x (in, out) -> (..., out)
 
 
-def runs_on_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """CPU, float32, and no gradient to record (the oneDNN op has no backward)."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
+def runs_on_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """CPU, float32, 1 to KERNEL_MAX_ROWS rows, in a multiple of 8, no
+    gradient to record (the kernel has no backward), and the kernel built."""
+    if not _use_kernel or x.device.type != "cpu" or weight.device.type != "cpu":
         return False
-    if bias is not None and bias.dtype != torch.float32:
+    if x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return False
+    if bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu"):
         return False
     if torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
         return False
-    return x.numel() > 0
+    in_features = weight.shape[1]
+    if in_features % 8 != 0 or x.shape[-1] != in_features:
+        return False
+    rows = x.numel() // in_features
+    return 1 <= rows <= KERNEL_MAX_ROWS and c_kernel.load() is not None
 
 
 @contextlib.contextmanager
 def plain_linear() -> Iterator[None]:
     """Inside this block `linear` is plain `F.linear` everywhere (the readable
-    path), e.g. to measure what `onednn_linear` buys in one interleaved run."""
-    global USE_ONEDNN
-    saved, USE_ONEDNN = USE_ONEDNN, False
+    path), e.g. to measure what the kernel buys in one interleaved run."""
+    global _use_kernel
+    saved, _use_kernel = _use_kernel, False
     try:
         yield
     finally:
-        USE_ONEDNN = saved
+        _use_kernel = saved
 
 
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x W^T + b with oneDNN on the packed copy of W (CPU, float32, inference).
+def describe() -> str:
+    """One line for reports: which path `linear` takes on a CPU in float32."""
+    if not _use_kernel:
+        return "F.linear (GPT2_PLAIN_LINEAR=1 or plain_linear())"
+    c_kernel.load()
+    return c_kernel.status()
+
+
+def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T + b with the C kernel on the pair-packed copy of W (CPU,
+    float32, inference, at most KERNEL_MAX_ROWS rows; see `runs_on_kernel`).
 
     Args and Returns: as `linear`.
     """
-    packed = packed_weight(weight)  # (out, in), in oneDNN's blocked layout
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # (..., in) -> (..., out)
+    kernel = c_kernel.load()
+    out_features, in_features = weight.shape
+    assert kernel is not None, "few_rows_linear needs the C kernel: check runs_on_kernel first"
+    assert bias is None or bias.shape == (out_features,), f"bias {tuple(bias.shape)} for {out_features} outputs"
+    rows = x.numel() // in_features
+    x2 = x.reshape(rows, in_features).contiguous()  # (N, in)
+    packed = packed_weight(weight)  # (ceil(out / 2), in / 8, 2, 8)
+    b = None if bias is None else bias.contiguous()
+    y = torch.empty(rows, out_features, dtype=x.dtype)  # (N, out), every element written by the kernel
+    kernel(
+        x2.data_ptr(),
+        packed.data_ptr(),
+        None if b is None else b.data_ptr(),
+        y.data_ptr(),
+        rows,
+        in_features,
+        out_features,
+    )
+    return y.view(*x.shape[:-1], out_features)  # (..., out)
+
+
+def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
+    """W (out, in) in the kernel's layout: rows o and o + 1 interleaved in
+    blocks of 8 floats, out padded to even with a zero row.
+
+    Returns:
+        (ceil(out / 2), in / 8, 2, 8), contiguous.
+    """
+    out_features, in_features = weight.shape
+    w = weight.detach()
+    if out_features % 2:
+        w = torch.cat([w, w.new_zeros(1, in_features)])  # (out + 1, in)
+    pairs = w.reshape(-1, 2, in_features // 8, 8)  # (out / 2, 2, in / 8, 8)
+    return pairs.transpose(1, 2).contiguous()  # (out / 2, in / 8, 2, 8)
 
 
 # id(weight) -> (its version counter when packed, a view of the storage it
@@ -142,7 +183,7 @@ _packed_weights: dict[int, tuple[int | None, torch.Tensor, torch.Tensor]] = {}
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The oneDNN-packed copy of `weight`, made on first use.
+    """The pair-packed copy of `weight` (`pack_pairs`), made on first use.
 
     It is made again when `weight` has changed since: written in place (its
     version counter moved: `copy_`, `normal_`, an optimiser step) or given new
@@ -158,7 +199,7 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
         weakref.finalize(weight, _packed_weights.pop, key, None)
     with torch.no_grad():
         source = weight.detach()  # shares weight's storage
-        packed = torch.ops.mkldnn._reorder_linear_weight(source.contiguous(), ONEDNN_PACKING_ROWS)
+        packed = pack_pairs(source)
     _packed_weights[key] = (version, source, packed)
     return packed
 

@@ -1,0 +1,93 @@
+/* y = x W^T + b for a few rows of x (1 to ~16), the products of a decode step
+ * (1 row) and of a verification pass (gamma + 1 rows), on x86-64 with AVX2+FMA.
+ *
+ * Legend: N = rows of x, IN = in features, OUT = out features.
+ *
+ * Why it exists (measurements in gpt2/linear.py): with a few rows, a linear
+ * layer should cost what reading W from memory costs, whatever N is, because
+ * every weight read is reused N times from registers. BLAS kernels are tuned
+ * for large N and pay 2-3x at N = 5; this loop streams W once for all N rows.
+ *
+ * Layout of W ("pair-packed", made in gpt2/linear.py `pack_pairs`): output
+ * features are taken in pairs (o, o + 1), and for each pair the two rows are
+ * interleaved in blocks of 8 floats (one AVX register):
+ *
+ *     packed[p][k] = W[2p][8k : 8k + 8], W[2p + 1][8k : 8k + 8]   (16 floats)
+ *
+ * so each thread reads one sequential stream of memory. OUT is padded to an
+ * even number with a zero row; IN must be a multiple of 8.
+ *
+ * One tile: a pair of output features times up to MAX_TILE_ROWS = 7 rows of
+ * x: 14 accumulators + 2 registers of W fill AVX2's 16 registers (x is read
+ * straight from L1/L2 by the multiply-add). Per 16 weights read: 2 loads of
+ * W, up to 7 loads of x, up to 14 fused multiply-adds. (Tiles of 5 and 6
+ * rows measured the same at N <= 5 and slower at N = 6, 7.) Tiles are split
+ * across threads by output pairs (OpenMP: the runtime PyTorch already loaded).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+#define MAX_TILE_ROWS 7
+/* Prefetch W this many floats ahead (1 KiB): measured best of 64..1024 at N = 5,
+ * where the loop does enough arithmetic per byte to fall behind the memory
+ * stream; at N = 1 the hardware prefetcher alone is faster, so it is skipped. */
+#define PREFETCH_FLOATS 256
+
+static inline float sum8(__m256 v) { /* the 8 lanes of v, added */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_hadd_ps(s, s);
+    s = _mm_hadd_ps(s, s);
+    return _mm_cvtss_f32(s);
+}
+
+/* y[r, o] and y[r, o + 1] for rows r < n_rows of x (n_rows is a constant at
+ * every call site, so the accumulators live in registers). */
+static inline __attribute__((always_inline)) void pair_tile(
+    const float *x, const float *w_pair, const float *bias, float *y,
+    int64_t in, int64_t out, int64_t o, const int n_rows) {
+    __m256 acc0[MAX_TILE_ROWS], acc1[MAX_TILE_ROWS]; /* output o and o + 1 */
+    for (int r = 0; r < n_rows; r++) {
+        acc0[r] = _mm256_setzero_ps();
+        acc1[r] = _mm256_setzero_ps();
+    }
+    const float *w = w_pair;
+    for (int64_t i = 0; i < in; i += 8, w += 16) {
+        if (n_rows > 1) _mm_prefetch((const char *)(w + PREFETCH_FLOATS), _MM_HINT_T0);
+        __m256 w0 = _mm256_loadu_ps(w);     /* W[o][i : i + 8] */
+        __m256 w1 = _mm256_loadu_ps(w + 8); /* W[o + 1][i : i + 8] */
+        for (int r = 0; r < n_rows; r++) {
+            __m256 xr = _mm256_loadu_ps(x + r * in + i); /* x[r][i : i + 8] */
+            acc0[r] = _mm256_fmadd_ps(w0, xr, acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(w1, xr, acc1[r]);
+        }
+    }
+    for (int r = 0; r < n_rows; r++) {
+        y[r * out + o] = sum8(acc0[r]) + (bias ? bias[o] : 0.0f);
+        if (o + 1 < out) /* the padding row of an odd OUT is not written */
+            y[r * out + o + 1] = sum8(acc1[r]) + (bias ? bias[o + 1] : 0.0f);
+    }
+}
+
+/* x: (N, IN) row-major; packed: (ceil(OUT / 2), IN / 8, 2, 8); bias: (OUT,)
+ * or NULL; y: (N, OUT) row-major, every element written. */
+void few_rows_linear(const float *x, const float *packed, const float *bias, float *y,
+                     int64_t n, int64_t in, int64_t out) {
+    int64_t pairs = (out + 1) / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < pairs; p++) {
+        const float *w_pair = packed + p * 2 * in;
+        for (int64_t r0 = 0; r0 < n; r0 += MAX_TILE_ROWS) { /* W's pair stays in L1 across tiles */
+            const float *xt = x + r0 * in;
+            float *yt = y + r0 * out;
+            switch (n - r0 < MAX_TILE_ROWS ? n - r0 : MAX_TILE_ROWS) {
+                case 1: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 1); break;
+                case 2: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 2); break;
+                case 3: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 3); break;
+                case 4: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 4); break;
+                case 5: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 5); break;
+                case 6: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 6); break;
+                default: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 7); break;
+            }
+        }
+    }
+}

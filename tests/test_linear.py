@@ -1,0 +1,178 @@
+"""gpt2/linear.py and its C kernel: the fast path gives F.linear's results
+(up to floating-point reassociation), and everything it cannot take goes to
+F.linear itself."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt2 import c_kernel
+from gpt2 import linear as gpt2_linear
+from gpt2.linear import KERNEL_MAX_ROWS, Linear, linear, pack_pairs, plain_linear, runs_on_kernel
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def kernel_or_skip():
+    """The loaded kernel. Skipped only where it truly cannot exist (another
+    CPU, no C compiler); a failed build on a machine that has both fails."""
+    unsupported = c_kernel.cpu_supported()
+    if unsupported:
+        pytest.skip(unsupported)
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler on this machine")
+    kernel = c_kernel.load()
+    assert kernel is not None, c_kernel.status()
+    return kernel
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x W^T + b in float64, rounded to float32."""
+    return F.linear(x.double(), w.double(), None if b is None else b.double()).float()
+
+
+def test_pack_pairs_layout():
+    w = torch.arange(3 * 16, dtype=torch.float32).view(3, 16)  # out 3 (odd), in 16
+    packed = pack_pairs(w)
+    assert packed.shape == (2, 2, 2, 8)  # (ceil(3 / 2), 16 / 8, 2, 8)
+    assert torch.equal(packed[0, 1, 0], w[0, 8:16])  # pair 0, block 1, row o
+    assert torch.equal(packed[0, 1, 1], w[1, 8:16])  # pair 0, block 1, row o + 1
+    assert torch.equal(packed[1, 0, 0], w[2, 0:8])
+    assert torch.equal(packed[1, 0, 1], torch.zeros(8))  # the padding row
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 9, 14, 15, KERNEL_MAX_ROWS])
+@pytest.mark.parametrize("in_features, out_features", [(8, 1), (24, 7), (32, 101), (1280, 64)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_kernel_matches_float64_reference(rows, in_features, out_features, with_bias):
+    kernel_or_skip()
+    g = torch.Generator().manual_seed(rows * 1000 + in_features + out_features)
+    x = torch.randn(rows, in_features, generator=g)
+    w = torch.randn(out_features, in_features, generator=g)
+    b = torch.randn(out_features, generator=g) if with_bias else None
+    with torch.inference_mode():
+        assert runs_on_kernel(x, w, b)
+        y = linear(x, w, b)
+    # float32 sums of `in` products of magnitude ~1: error ~ sqrt(in) * 6e-8 * |terms|
+    torch.testing.assert_close(y, reference(x, w, b), rtol=1e-5, atol=1e-5 * in_features**0.5)
+
+
+def test_kernel_fails_this_check_on_a_wrong_layout():
+    """The reference comparison above catches a kernel fed a wrongly packed W."""
+    kernel = kernel_or_skip()
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 32, generator=g), torch.randn(6, 32, generator=g)
+    wrong = w.reshape(3, 2, 4, 8).contiguous()  # pairs not interleaved by 8-float blocks
+    y = torch.empty(5, 6)
+    kernel(x.data_ptr(), wrong.data_ptr(), None, y.data_ptr(), 5, 32, 6)
+    assert not torch.allclose(y, reference(x, w, None), rtol=1e-5, atol=1e-4)
+
+
+def test_batched_and_strided_input_keep_their_shape():
+    kernel_or_skip()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 48, 3, generator=g).transpose(1, 2)  # (B=2, T=3, C=48), not contiguous
+    w, b = torch.randn(40, 48, generator=g), torch.randn(40, generator=g)
+    with torch.inference_mode():
+        assert runs_on_kernel(x, w, b)
+        y = linear(x, w, b)
+    assert y.shape == (2, 3, 40)
+    torch.testing.assert_close(y, reference(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["too many rows", "float64", "in not a multiple of 8", "gradient", "no rows"],
+)
+def test_what_the_kernel_cannot_take_is_exactly_f_linear(case):
+    g = torch.Generator().manual_seed(2)
+    rows, in_features, dtype = 3, 32, torch.float32
+    if case == "too many rows":
+        rows = KERNEL_MAX_ROWS + 1
+    if case == "float64":
+        dtype = torch.float64
+    if case == "in not a multiple of 8":
+        in_features = 30
+    if case == "no rows":
+        rows = 0
+    x = torch.randn(rows, in_features, generator=g, dtype=dtype)
+    w = torch.randn(16, in_features, generator=g, dtype=dtype, requires_grad=(case == "gradient"))
+    b = torch.randn(16, generator=g, dtype=dtype)
+    assert not runs_on_kernel(x, w, b)
+    y = linear(x, w, b)
+    assert torch.equal(y, F.linear(x, w, b))
+    if case == "gradient":
+        y.sum().backward()
+        torch.testing.assert_close(w.grad, x.sum(0).expand(16, in_features))
+
+
+def test_plain_linear_switches_the_kernel_off():
+    kernel_or_skip()
+    x, w = torch.randn(2, 16), torch.randn(8, 16)
+    assert runs_on_kernel(x, w, None)
+    with plain_linear():
+        assert not runs_on_kernel(x, w, None)
+        assert "F.linear" in gpt2_linear.describe()
+    assert runs_on_kernel(x, w, None)
+
+
+def test_a_changed_weight_is_packed_again():
+    kernel_or_skip()
+    layer = Linear(16, 8)
+    torch.nn.init.normal_(layer.weight, generator=torch.Generator().manual_seed(3))
+    torch.nn.init.zeros_(layer.bias)
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        before = layer(x)
+        layer.weight.mul_(2)  # in place: the version counter moves
+        torch.testing.assert_close(layer(x), 2 * before)
+        layer.weight.data = -layer.weight.data  # new storage
+        torch.testing.assert_close(layer(x), -2 * before)
+
+
+def run_python(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "GPT2_KERNEL_CACHE": str(tmp_path / "cache"), **env}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=environment, capture_output=True, text=True, timeout=300
+    )
+
+
+FALLBACK_CHECK = """
+import torch, torch.nn.functional as F
+from gpt2 import linear as L
+x, w = torch.randn(3, 16), torch.randn(8, 16)
+assert not L.runs_on_kernel(x, w, None)
+assert torch.equal(L.linear(x, w), F.linear(x, w))
+print(L.describe())
+"""
+
+
+@pytest.mark.parametrize(
+    "compiler, expected",
+    [("no-such-compiler-here", "no C compiler"), ("false", "building few_rows_linear.c failed")],
+)
+def test_without_a_working_compiler_it_falls_back_and_says_why(tmp_path, compiler, expected):
+    if c_kernel.cpu_supported():
+        pytest.skip(c_kernel.cpu_supported())
+    done = run_python(FALLBACK_CHECK, tmp_path, CC=compiler)
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout
+    assert "F.linear" in done.stdout
+
+
+def test_the_build_is_cached_by_its_recipe(tmp_path):
+    kernel_or_skip()
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    first = c_kernel.build(compiler, tmp_path)
+    stamp = first.stat().st_mtime_ns
+    second = c_kernel.build(compiler, tmp_path)
+    assert second == first and second.stat().st_mtime_ns == stamp  # not compiled again
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary file left
