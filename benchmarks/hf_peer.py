@@ -44,21 +44,7 @@ def to_transformers(model: GPT2):
         ) from None
     hf_logging.set_verbosity_error()  # no per-call advice about generation settings in the output
 
-    c = model.config
-    hf_config = HFGPT2Config(
-        n_layer=c.n_layer,
-        n_head=c.n_head,
-        n_embd=c.n_embd,
-        n_positions=c.n_ctx,
-        vocab_size=c.vocab_size,
-        layer_norm_epsilon=c.layer_norm_epsilon,
-        activation_function="gelu_new",
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
+    hf_config = HFGPT2Config(**model.config.to_hf_inference_dict())
     state = {}
     for name, tensor in model.state_dict().items():
         if name.endswith(CONV1D_SUFFIXES):

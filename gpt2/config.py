@@ -98,6 +98,13 @@ class GPT2Config:
             "eos_token_id": 50256,
         }
 
+    def to_hf_inference_dict(self) -> dict:
+        """`to_hf_dict` for building transformers' GPT-2 as a reference in
+        tests and benchmarks: no dropout, and no special token ids (they
+        would lie outside a tiny vocabulary, and no run should stop early)."""
+        no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+        return {**self.to_hf_dict(), **no_dropout, "bos_token_id": None, "eos_token_id": None}
+
 
 # The published checkpoints' shapes: handy for benchmarks with random weights.
 PRESETS: dict[str, GPT2Config] = {

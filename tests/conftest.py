@@ -113,21 +113,7 @@ def hf_config_for(config: GPT2Config):
     no special token ids (they would lie outside a tiny vocabulary)."""
     from transformers import GPT2Config as HFGPT2Config
 
-    return HFGPT2Config(
-        n_layer=config.n_layer,
-        n_head=config.n_head,
-        n_embd=config.n_embd,
-        n_positions=config.n_ctx,
-        vocab_size=config.vocab_size,
-        layer_norm_epsilon=config.layer_norm_epsilon,
-        activation_function="gelu_new",
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
-    )
+    return HFGPT2Config(**config.to_hf_inference_dict(), attn_implementation="eager")
 
 
 def hub_state_dict(hf_model) -> dict[str, torch.Tensor]:
