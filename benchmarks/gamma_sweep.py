@@ -37,6 +37,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/gamma_sweep.py`: make
 
 import argparse
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -181,35 +182,47 @@ def measure_components(pair: ModelPair, comp: Components, gammas: tuple[int, ...
     target step and one target pass over gamma + 1 tokens, each continuing a
     KV cache of `comp.context_len` positions (rewound after every call, so
     every call sees the same context), and each model's start-up (new cache +
-    prefill of `comp.prompt_len` tokens)."""
+    prefill of `comp.prompt_len` tokens).
+
+    The costs are timed round-robin (one call of each, `calls` times over),
+    not in blocks: the prediction uses their ratios, and on a shared machine
+    a block timed while the machine was slower would bias them."""
     device = pair.device
     g = torch.Generator().manual_seed(seed)
     length = max(comp.context_len + max(gammas) + 1, comp.prompt_len)
     ids = torch.randint(pair.target.config.vocab_size, (1, length), generator=g).to(device)  # (1, length)
     prefix = ids[:, : comp.context_len]  # (1, context_len)
+    prompt = ids[:, : comp.prompt_len]  # (1, prompt_len)
+    caches = {}
+    for model in (pair.target, pair.draft):
+        caches[id(model)] = model.new_cache(1)
+        model(prefix, caches[id(model)], last_logits_only=True)
 
-    def step_samples(model, num_tokens: int) -> tuple[float, ...]:
-        cache = model.new_cache(1)
-        model(prefix, cache, last_logits_only=True)
+    def step(model, num_tokens: int) -> Callable[[], object]:
+        cache = caches[id(model)]
         new = ids[:, comp.context_len : comp.context_len + num_tokens]  # (1, num_tokens)
 
-        def step():
+        def call():
             cache.rewind(comp.context_len)
             model(new, cache)
 
-        return time_call(step, device=device, warmup=1, repeats=calls).samples
+        return call
 
-    def start_samples(model) -> tuple[float, ...]:
-        prompt = ids[:, : comp.prompt_len]  # (1, prompt_len)
-        return time_call(lambda: model(prompt, model.new_cache(1), last_logits_only=True),
-                         device=device, warmup=1, repeats=calls).samples
+    def start(model) -> Callable[[], object]:
+        return lambda: model(prompt, model.new_cache(1), last_logits_only=True)
 
-    comp.t_target += step_samples(pair.target, 1)
-    comp.t_draft += step_samples(pair.draft, 1)
-    for gamma in gammas:
-        comp.t_verify.setdefault(gamma, []).extend(step_samples(pair.target, gamma + 1))
-    comp.t_start_target += start_samples(pair.target)
-    comp.t_start_draft += start_samples(pair.draft)
+    timed = [
+        (comp.t_target, step(pair.target, 1)),
+        (comp.t_draft, step(pair.draft, 1)),
+        *((comp.t_verify.setdefault(gamma, []), step(pair.target, gamma + 1)) for gamma in gammas),
+        (comp.t_start_target, start(pair.target)),
+        (comp.t_start_draft, start(pair.draft)),
+    ]
+    for _, call in timed:  # warm-up
+        call()
+    for _ in range(calls):
+        for samples, call in timed:
+            samples.extend(time_call(call, device=device, warmup=0, repeats=1).samples)
 
 
 class Runner:
