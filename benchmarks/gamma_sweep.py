@@ -7,7 +7,7 @@ measures end-to-end speedup, tokens/s, acceptance, and the step costs the
 prediction needs: t_d (one draft step), t_t (one target step) and
 t_v(gamma+1) (one target pass over gamma + 1 tokens), each timed directly
 with the KV cache at a representative context length (median prompt +
-max_gen / 2).
+max_gen / 2), in rounds spread between the decoding runs (ComponentTimer).
 
 Measurement: the baseline is `gpt2.generate` of the target with the same
 prompts and settings. For each repeat, max_gen and prompt, the baseline and
@@ -176,53 +176,62 @@ class SweepResult:
 # ---------------------------------------------------------------------------
 
 
-@torch.inference_mode()
-def measure_components(pair: ModelPair, comp: Components, gammas: tuple[int, ...], calls: int, seed: int) -> None:
-    """Times, `calls` times each, and appends to `comp`: one draft step, one
-    target step and one target pass over gamma + 1 tokens, each continuing a
-    KV cache of `comp.context_len` positions (rewound after every call, so
-    every call sees the same context), and each model's start-up (new cache +
-    prefill of `comp.prompt_len` tokens).
+class ComponentTimer:
+    """Times the costs the prediction is built from, at one max_gen, one round
+    at a time: a round is one call of each, appended to `comp`: one draft
+    step, one target step and one target pass over gamma + 1 tokens, each
+    continuing a KV cache of `comp.context_len` positions (rewound after every
+    call, so every call sees the same context), and each model's start-up
+    (new cache + prefill of `comp.prompt_len` tokens).
 
-    The costs are timed round-robin (one call of each, `calls` times over),
-    not in blocks: the prediction uses their ratios, and on a shared machine
-    a block timed while the machine was slower would bias them."""
-    device = pair.device
-    g = torch.Generator().manual_seed(seed)
-    length = max(comp.context_len + max(gammas) + 1, comp.prompt_len)
-    ids = torch.randint(pair.target.config.vocab_size, (1, length), generator=g).to(device)  # (1, length)
-    prefix = ids[:, : comp.context_len]  # (1, context_len)
-    prompt = ids[:, : comp.prompt_len]  # (1, prompt_len)
-    caches = {}
-    for model in (pair.target, pair.draft):
-        caches[id(model)] = model.new_cache(1)
-        model(prefix, caches[id(model)], last_logits_only=True)
+    The sweep runs its rounds between the decoding runs (`run_group`), spread
+    evenly over the same minutes as the runs whose speedup they predict. The
+    prediction uses the costs' ratios and compares them with the runs: on a
+    shared machine whose speed drifts (here baseline repeats of one cell took
+    14.7 to 19.2 s), costs timed in one block before the runs describe
+    another machine than the one the runs saw."""
 
-    def step(model, num_tokens: int) -> Callable[[], object]:
-        cache = caches[id(model)]
-        new = ids[:, comp.context_len : comp.context_len + num_tokens]  # (1, num_tokens)
+    @torch.inference_mode()
+    def __init__(self, pair: ModelPair, comp: Components, gammas: tuple[int, ...], seed: int) -> None:
+        self.device = pair.device
+        g = torch.Generator().manual_seed(seed)
+        length = max(comp.context_len + max(gammas) + 1, comp.prompt_len)
+        ids = torch.randint(pair.target.config.vocab_size, (1, length), generator=g).to(self.device)  # (1, length)
+        prefix = ids[:, : comp.context_len]  # (1, context_len)
+        prompt = ids[:, : comp.prompt_len]  # (1, prompt_len)
+        caches = {}
+        for model in (pair.target, pair.draft):
+            caches[id(model)] = model.new_cache(1)
+            model(prefix, caches[id(model)], last_logits_only=True)
 
-        def call():
-            cache.rewind(comp.context_len)
-            model(new, cache)
+        def step(model, num_tokens: int) -> Callable[[], object]:
+            cache = caches[id(model)]
+            new = ids[:, comp.context_len : comp.context_len + num_tokens]  # (1, num_tokens)
 
-        return call
+            def call():
+                cache.rewind(comp.context_len)
+                model(new, cache)
 
-    def start(model) -> Callable[[], object]:
-        return lambda: model(prompt, model.new_cache(1), last_logits_only=True)
+            return call
 
-    timed = [
-        (comp.t_target, step(pair.target, 1)),
-        (comp.t_draft, step(pair.draft, 1)),
-        *((comp.t_verify.setdefault(gamma, []), step(pair.target, gamma + 1)) for gamma in gammas),
-        (comp.t_start_target, start(pair.target)),
-        (comp.t_start_draft, start(pair.draft)),
-    ]
-    for _, call in timed:  # warm-up
-        call()
-    for _ in range(calls):
-        for samples, call in timed:
-            samples.extend(time_call(call, device=device, warmup=0, repeats=1).samples)
+        def start(model) -> Callable[[], object]:
+            return lambda: model(prompt, model.new_cache(1), last_logits_only=True)
+
+        self.timed = [
+            (comp.t_target, step(pair.target, 1)),
+            (comp.t_draft, step(pair.draft, 1)),
+            *((comp.t_verify.setdefault(gamma, []), step(pair.target, gamma + 1)) for gamma in gammas),
+            (comp.t_start_target, start(pair.target)),
+            (comp.t_start_draft, start(pair.draft)),
+        ]
+        for _, call in self.timed:  # warm-up
+            call()
+
+    @torch.inference_mode()
+    def round(self) -> None:
+        """One timed call of each cost, round-robin."""
+        for samples, call in self.timed:
+            samples.extend(time_call(call, device=self.device, warmup=0, repeats=1).samples)
 
 
 class Runner:
@@ -315,7 +324,7 @@ def run_sweep(
         for n in settings.max_gens
     }
     runs_per_prompt = len(jobs_of(settings, cells[: len(cells) // len(settings.max_gens)]))
-    total = settings.repeats * len(settings.max_gens) * (1 + len(prompts) * runs_per_prompt)
+    total = settings.repeats * len(settings.max_gens) * len(prompts) * runs_per_prompt
     bar = tqdm(total=total, desc="gamma sweep", unit="run", file=sys.stderr, disable=not progress,
                dynamic_ncols=True)
 
@@ -334,13 +343,14 @@ def run_sweep(
             runner.hf(ids0, n0, 0, None)
 
     references: dict[tuple[int, int], torch.Tensor] = {}  # (prompt, max_gen) -> baseline output
+    timers: dict[int, ComponentTimer] = {}
     for r in range(settings.repeats):
         for n in settings.max_gens:
-            bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: step costs")
-            measure_components(pair, components[n], settings.gammas, settings.component_calls, settings.seed + r)
-            bar.update(1)
+            if n not in timers:
+                bar.set_postfix_str(f"max_gen {n}: preparing the step-cost timer")
+                timers[n] = ComponentTimer(pair, components[n], settings.gammas, settings.seed)
             group = [c for c in cells if c.max_gen == n]
-            run_group(runner, r, n, prompts, group, baselines[n], references, bar)
+            run_group(runner, r, n, prompts, group, baselines[n], references, bar, timers[n])
     bar.close()
     return SweepResult(settings, [(name, ids.size(1)) for name, ids in prompts], cells, baselines, components)
 
@@ -362,16 +372,28 @@ def run_group(
     base: Baseline,
     references: dict[tuple[int, int], torch.Tensor],
     bar: tqdm,
+    timer: ComponentTimer,
 ) -> None:
     """Repeat `r` at max_gen `n`: for each prompt, the baseline and every cell
     of `group` back to back (baseline first on even repeats, where it also
-    gives the simulated drafter its reference, and last on odd ones). Adds the
-    repeat's seconds, summed over prompts, to `base` and the cells."""
-    greedy = runner.settings.sampling.greedy
-    jobs = jobs_of(runner.settings, group)
+    gives the simulated drafter its reference, and last on odd ones), with
+    `component_calls` rounds of `timer` spread evenly between the runs. Adds
+    the repeat's seconds, summed over prompts, to `base` and the cells."""
+    settings = runner.settings
+    greedy = settings.sampling.greedy
+    jobs = jobs_of(settings, group)
     seconds = dict.fromkeys(jobs, 0.0)
+    num_runs = len(prompts) * len(jobs)
+    rounds_before = [0] * num_runs  # timer rounds to run before run k
+    for j in range(settings.component_calls):
+        rounds_before[j * num_runs // settings.component_calls] += 1
+    k = 0
     for p, (name, ids) in enumerate(prompts):
         for kind, i in reversed(jobs) if r % 2 else jobs:
+            for _ in range(rounds_before[k]):
+                bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: step costs")
+                timer.round()
+            k += 1
             what = kind if i is None else f"{kind} γ={group[i].gamma}"
             bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}, {name}: {what}")
             if kind == "baseline":
@@ -462,7 +484,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     timing.add_argument("--repeats", type=int, default=None, help="timed repeats (default 3)")
     timing.add_argument("--warmup", type=int, default=1, help="warm-up rounds (default 1)")
     timing.add_argument("--component-calls", type=int, default=None,
-                        help="timed calls per repeat for each step cost (default 10)")
+                        help="timed calls per repeat for each step cost, spread between the runs (default 10)")
     timing.add_argument("--quick", action="store_true",
                         help="a short run: the first 2 prompts, max_gen 50 100, 2 repeats, 5 component calls "
                         "(options given explicitly win)")

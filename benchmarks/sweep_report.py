@@ -277,7 +277,8 @@ def markdown(result: SweepResult, rows: list[dict], env: dict, command: str) -> 
         f"- prompts: {prompt_names}; end-of-text ignored, every run emits max_gen tokens",
         f"- baseline: gpt2.generate of the target (KV cache), interleaved with the speculative runs; "
         f"{s.repeats} repeats after {s.warmup} warm-up round(s); speedup = median [min-max] over repeats",
-        f"- t_d, t_t, t_v: {s.component_calls} calls per repeat each, KV cache at context_len = "
+        f"- t_d, t_t, t_v: {s.component_calls} calls per repeat each, spread between the runs, KV cache at "
+        "context_len = "
         + ", ".join(f"{c.context_len} (max_gen {n})" for n, c in result.components.items()),
     ]
     if s.peer:

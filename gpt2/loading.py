@@ -304,4 +304,6 @@ def load_model(
     model = model.to_empty(device="cpu")
     load_weights(model, state, source=str(folder / "model.safetensors"))
     del state
-    return model.to(device=dev, dtype=dt).eval()
+    model = model.to(device=dev, dtype=dt).eval()
+    model.prepare_linear_layers()
+    return model

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .config import GPT2Config
 from .kv_cache import KVCache
-from .linear import Linear, linear
+from .linear import Linear, linear, prepare
 
 
 class CausalSelfAttention(nn.Module):
@@ -102,6 +102,15 @@ class GPT2(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.wte.weight.dtype
+
+    def prepare_linear_layers(self) -> str:
+        """Chooses the path of every matrix product now, when the model is
+        loaded (gpt2/linear.py `prepare`): on a CPU in float32, packs the
+        kernel's copy of each linear weight and of the tied LM head (a model
+        moved or converted later is packed on first use instead). Returns
+        the one-line description of the chosen path."""
+        weights = [m.weight for m in self.modules() if isinstance(m, Linear)]
+        return prepare([*weights, self.wte.weight])
 
     def new_cache(self, batch_size: int = 1) -> KVCache:
         """An empty KV cache sized for this model (n_ctx positions)."""

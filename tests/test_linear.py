@@ -138,6 +138,25 @@ def test_a_changed_weight_is_packed_again():
         torch.testing.assert_close(layer(x), -2 * before)
 
 
+def test_prepare_packs_at_load_time_exactly_the_weights_the_kernel_takes():
+    kernel_or_skip()
+    from gpt2 import GPT2, GPT2Config
+
+    model = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_ctx=8)).eval()
+    matrices = [m.weight for m in model.modules() if isinstance(m, Linear)] + [model.wte.weight]
+    assert not any(id(w) in gpt2_linear._packed_weights for w in matrices)  # a new model: nothing packed
+    assert "few_rows_linear.c" in model.prepare_linear_layers()
+    for w in matrices:
+        assert torch.equal(gpt2_linear._packed_weights[id(w)][2], pack_pairs(w))
+    odd = torch.randn(4, 12)  # in = 12 is no multiple of 8: the kernel cannot take it
+    gpt2_linear.prepare([odd])
+    assert id(odd) not in gpt2_linear._packed_weights
+    with plain_linear():  # the kernel switched off: nothing is packed
+        fresh = torch.randn(4, 16)
+        assert "F.linear" in gpt2_linear.prepare([fresh])
+        assert id(fresh) not in gpt2_linear._packed_weights
+
+
 def run_python(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, "GPT2_KERNEL_CACHE": str(tmp_path / "cache"), **env}
     return subprocess.run(

@@ -63,6 +63,16 @@ def test_a_folder_given_as_str_or_path_loads(folder, state):
     assert_holds(load_model(Path(folder)), state)
 
 
+def test_load_model_chooses_the_linear_path_at_load_time(folder):
+    from gpt2 import c_kernel
+    from gpt2 import linear as gpt2_linear
+
+    model = load_model(folder)
+    packed = id(model.h[0].mlp.c_fc.weight) in gpt2_linear._packed_weights
+    # Packed already, before any forward pass, exactly where the CPU kernel runs.
+    assert packed == (c_kernel.load() is not None and not gpt2_linear.PLAIN_LINEAR), c_kernel.status()
+
+
 def test_dtype_by_name_or_torch_dtype(folder):
     assert load_model(folder, dtype="bfloat16").dtype == torch.bfloat16
     assert load_model(folder, dtype=torch.float16).dtype == torch.float16
