@@ -15,8 +15,9 @@ a KV cache holding a --prefix-token prompt:
   that attention over the cache and the cache writes show if they cost much;
 - the bandwidth bound: the bytes of weights one step must read (every matrix,
   the tied LM head included, once) / the machine's read bandwidth, measured
-  here by summing a --bandwidth-mib tensor (median of samples taken before
-  and after each model).
+  here by summing a --bandwidth-mib tensor, sampled between the timed calls
+  of that model (the bandwidth of a shared machine drifts: a probe taken
+  apart from the calls it bounds gave "122% of the bound").
 
 How: every repeat runs each implementation in turn (in reversed order on odd
 repeats), after --warmup uncounted repeats; the tables show medians. After each
@@ -74,17 +75,17 @@ LONG_K = 5  # the verification length timed at the long context (gamma = 4)
 # ---------------------------------------------------------------------------
 
 
-def read_bandwidth_samples(mib: int, repeats: int) -> list[float]:
-    """Read bandwidth samples in bytes/s: `repeats` timings of summing a
-    `mib`-MiB float32 tensor, after one uncounted pass."""
-    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)  # every page touched once before timing
-    x.sum()
-    samples = []
-    for _ in range(repeats):
+class BandwidthProbe:
+    """Read bandwidth: the bytes/s of summing a `mib`-MiB float32 tensor."""
+
+    def __init__(self, mib: int) -> None:
+        self.x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)  # every page touched before timing
+        self.x.sum()
+
+    def sample(self) -> float:
         t0 = clock(CPU)
-        x.sum()
-        samples.append(x.numel() * 4 / (clock(CPU) - t0))
-    return samples
+        self.x.sum()
+        return self.x.numel() * 4 / (clock(CPU) - t0)
 
 
 def step_weight_bytes(model: GPT2) -> int:
@@ -159,12 +160,14 @@ def timed(fn: Callable[..., object], *args: torch.Tensor) -> float:
 
 def time_interleaved(
     runners: list, prompt: torch.Tensor, drafts: torch.Tensor, ks: list[int], *, warmup: int, repeats: int,
-    time_prefill: bool,
+    time_prefill: bool, probe: BandwidthProbe, bandwidth: list[float],
 ) -> dict[str, dict[str, list[float]]]:
     """Samples (s) per runner label: "prefill" (if asked) and "k=1", "k=2", ...
 
     Each repeat runs every runner in turn, reversed on odd repeats; the first
-    `warmup` repeats are not kept. Every runner holds `prompt` in its cache
+    `warmup` repeats are not kept. Before each runner's turn the read
+    bandwidth is sampled into `bandwidth`, so that the bound describes the
+    machine the calls ran on. Every runner holds `prompt` in its cache
     between calls."""
     samples = {r.label: {} for r in runners}
     for r in runners:
@@ -172,6 +175,8 @@ def time_interleaved(
     for rep in range(warmup + repeats):
         order = runners if rep % 2 == 0 else runners[::-1]
         for r in order:
+            if rep >= warmup:
+                bandwidth.append(probe.sample())
             got = {}
             if time_prefill:
                 got["prefill"] = timed(r.prefill, prompt)  # leaves the prompt in the cache
@@ -202,7 +207,7 @@ def check_same_logits(runners: list, prompt: torch.Tensor, drafts: torch.Tensor)
 # ---------------------------------------------------------------------------
 
 
-def bench_model(name: str, args: argparse.Namespace) -> dict:
+def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> dict:
     config = preset(name)
     print(f"[{name}] building the model with random weights ...", file=sys.stderr, flush=True)
     model = random_model(config, device=CPU, dtype=DTYPE, seed=args.seed)
@@ -232,18 +237,23 @@ def bench_model(name: str, args: argparse.Namespace) -> dict:
 
         print(f"[{name}] timing prefill {args.prefix}, step and verification k = {args.ks} "
               f"({args.warmup} warm-up + {args.repeats} repeats) ...", file=sys.stderr, flush=True)
+        bandwidth: list[float] = []
         short = time_interleaved(
-            runners, prompt, drafts, [1] + list(args.ks), warmup=args.warmup, repeats=args.repeats, time_prefill=True
+            runners, prompt, drafts, [1] + list(args.ks), warmup=args.warmup, repeats=args.repeats, time_prefill=True,
+            probe=probe, bandwidth=bandwidth,
         )
         long = {}
         if args.long > 0:
             print(f"[{name}] timing step and k = {LONG_K} at context {long_prompt.size(1)} ...", file=sys.stderr, flush=True)
             long = time_interleaved(
-                runners, long_prompt, drafts, [1, LONG_K], warmup=args.warmup, repeats=args.repeats, time_prefill=False
+                runners, long_prompt, drafts, [1, LONG_K], warmup=args.warmup, repeats=args.repeats, time_prefill=False,
+                probe=probe, bandwidth=bandwidth,
             )
 
-    result = {"model": name, "weight_bytes": step_weight_bytes(model), "max_abs_logit_diff": diffs,
-              "implementations": {}}
+    weight_bytes = step_weight_bytes(model)
+    result = {"model": name, "weight_bytes": weight_bytes, "max_abs_logit_diff": diffs,
+              "read_bandwidth_bytes_per_s": median(bandwidth), "read_bandwidth_samples_bytes_per_s": bandwidth,
+              "bound_s": weight_bytes / median(bandwidth), "implementations": {}}
     for r in runners:
         s = short[r.label]
         med = {key: median(v) for key, v in s.items()}
@@ -254,6 +264,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict:
             "verify_s": {k: med[f"k={k}"] for k in args.ks},
             "r": {k: med[f"k={k}"] / t_step for k in args.ks},
             "samples": s,
+            "fraction_of_bound": result["bound_s"] / t_step,
         }
         if long:
             ls = long[r.label]
@@ -278,11 +289,12 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
-def report(results: list[dict], args: argparse.Namespace, env: dict, bandwidth: float) -> str:
+def report(results: list[dict], args: argparse.Namespace, env: dict) -> str:
     k5 = 5 if 5 in args.ks else args.ks[0]
     bandwidth_line = (
-        f"- read bandwidth: {bandwidth / 1e9:.1f} GB/s (median of summing a {args.bandwidth_mib} MiB tensor, "
-        f"{args.repeats} times before and after each model)"
+        "- read bandwidth: "
+        + ", ".join(f"{res['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s ({res['model']})" for res in results)
+        + f" (median of summing a {args.bandwidth_mib} MiB tensor, sampled between that model's timed calls)"
     )
     settings_line = (
         f"- batch 1, random weights, prefix {args.prefix} tokens; medians of {args.repeats} interleaved "
@@ -380,28 +392,16 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("transformers is not installed: pip install -r requirements-dev.txt, or pass --no-transformers") from None
     out = results_dir(args.out, "decode_speed")
 
-    # Bandwidth drifts with whatever else the machine does: sample it before
-    # and after every model, and take the median of all samples.
-    bw_samples = read_bandwidth_samples(args.bandwidth_mib, args.repeats)
-    results = []
-    for name in args.models:
-        results.append(bench_model(name, args))
-        bw_samples += read_bandwidth_samples(args.bandwidth_mib, args.repeats)
-    bandwidth = median(bw_samples)
-    for res in results:  # the bound: the step's weight bytes at that bandwidth
-        res["bound_s"] = res["weight_bytes"] / bandwidth
-        for e in res["implementations"].values():
-            e["fraction_of_bound"] = res["bound_s"] / e["step_s"]
+    probe = BandwidthProbe(args.bandwidth_mib)
+    results = [bench_model(name, args, probe) for name in args.models]
 
     env = environment(CPU, DTYPE, {f"shape {i + 1}": name for i, name in enumerate(args.models)})
-    text = report(results, args, env, bandwidth)
+    text = report(results, args, env)
     print(text)
     (out / "decode_speed.md").write_text(text + "\n", encoding="utf-8")
     write_json(out / "decode_speed.json", {
         "environment": env,
         "settings": {k: v for k, v in vars(args).items()},
-        "read_bandwidth_bytes_per_s": bandwidth,
-        "read_bandwidth_samples_bytes_per_s": bw_samples,
         "results": results,
     })
     print(f"results in {out}", file=sys.stderr)
