@@ -21,25 +21,30 @@ the one speed trick of this file:
 - What it buys: a decode step (N = 1) and a verification pass (N = gamma + 1)
   both read every weight once, so both should cost what reading the weights
   costs. BLAS kernels are tuned for large N: with `F.linear` (MKL sgemm) 5
-  rows cost 2.4-2.8x one row, so verifying gamma + 1 drafted tokens costs
-  ~2.8x a decode step and speculative decoding loses on a CPU. Measured on 2
-  AMD EPYC cores (AVX2), torch 2.13, fp32, 2 threads, medians of interleaved
-  runs, ms:
+  rows cost 1.9-2.8x one row, so verifying gamma + 1 drafted tokens costs
+  ~2-3x a decode step and speculative decoding loses on a CPU. Measured on
+  the whole gpt2-large forward on a 100-token cache, torch 2.13, fp32, 2
+  threads, medians of interleaved runs (benchmarks/decode_speed.py
+  --plain-linear), ms:
 
-      16 gpt2-large MLP weights (8 x (1280->5120, 5120->1280), 419 MB, read
-      from memory each time):        N=1    N=5    N=7    N=9    N=16
-      F.linear                       24.3   64.3   69.1   70.8   72.6
-      oneDNN, packed W (other run) 18.9   26.6    -     31.2    -
-      few_rows_linear                15.1   17.5   18.8   24.1   39.1
+      2 Zen 4 EPYC cores:            step   t_v(5)  r_5 = t_v(5) / step
+      F.linear                       216    408     1.89
+      few_rows_linear                 80     96     1.20
+      transformers                   192    444     2.32
 
-      whole gpt2-large forward on a 100-token cache (benchmarks/decode_speed.py --plain-linear):
-                                     step   t_v(5)  r_5 = t_v(5) / step
+      the project's earlier machine, 2 AVX2-only EPYC cores:
       F.linear                       186    521     2.80
       few_rows_linear                124    142     1.14
       transformers                   183    547     2.98
 
+  and on 16 gpt2-large MLP weights (8 x (1280->5120, 5120->1280), 419 MB,
+  earlier machine), N = 1 / 5 / 9 rows: F.linear 24.3 / 64.3 / 70.8 ms,
+  oneDNN on packed W 18.9 / 26.6 / 31.2, few_rows_linear 15.1 / 17.5 / 24.1.
+  The L2 prefetch in few_rows_linear.c is what keeps r_5 low where memory is
+  fast (Zen 4: r_5 1.84 without it).
+
   Tried before, all slower at N = 5: oneDNN's inner product on packed W
-  (r_5 1.31-1.48, table above), `addmm` on a second (in, out) copy of W, `mm`
+  (r_5 1.31-1.48 on the earlier machine), `addmm` on a second (in, out) copy of W, `mm`
   of the transposed problem W x^T, MKL's packed sgemm, batched products over
   column panels of W; the same C loop on the unpacked W (two streams per
   thread: N = 5 ~20% slower on 1280-wide inputs).
