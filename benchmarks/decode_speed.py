@@ -250,10 +250,10 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
                 probe=probe, bandwidth=bandwidth,
             )
 
-    weight_bytes = step_weight_bytes(model)
+    weight_bytes, read_bandwidth = step_weight_bytes(model), median(bandwidth)
     result = {"model": name, "weight_bytes": weight_bytes, "max_abs_logit_diff": diffs,
-              "read_bandwidth_bytes_per_s": median(bandwidth), "read_bandwidth_samples_bytes_per_s": bandwidth,
-              "bound_s": weight_bytes / median(bandwidth), "implementations": {}}
+              "read_bandwidth_bytes_per_s": read_bandwidth, "read_bandwidth_samples_bytes_per_s": bandwidth,
+              "bound_s": weight_bytes / read_bandwidth, "implementations": {}}
     for r in runners:
         s = short[r.label]
         med = {key: median(v) for key, v in s.items()}

@@ -343,14 +343,12 @@ def run_sweep(
             runner.hf(ids0, n0, 0, None)
 
     references: dict[tuple[int, int], torch.Tensor] = {}  # (prompt, max_gen) -> baseline output
-    timers: dict[int, ComponentTimer] = {}
     for r in range(settings.repeats):
         for n in settings.max_gens:
-            if n not in timers:
-                bar.set_postfix_str(f"max_gen {n}: preparing the step-cost timer")
-                timers[n] = ComponentTimer(pair, components[n], settings.gammas, settings.seed)
+            bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: preparing the step-cost timer")
+            timer = ComponentTimer(pair, components[n], settings.gammas, settings.seed + r)  # its caches live for one group
             group = [c for c in cells if c.max_gen == n]
-            run_group(runner, r, n, prompts, group, baselines[n], references, bar, timers[n])
+            run_group(runner, r, n, prompts, group, baselines[n], references, bar, timer)
     bar.close()
     return SweepResult(settings, [(name, ids.size(1)) for name, ids in prompts], cells, baselines, components)
 
