@@ -346,7 +346,8 @@ def run_sweep(
     for r in range(settings.repeats):
         for n in settings.max_gens:
             bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: preparing the step-cost timer")
-            timer = ComponentTimer(pair, components[n], settings.gammas, settings.seed + r)  # its caches live for one group
+            # A timer's KV caches live for one group of runs only.
+            timer = ComponentTimer(pair, components[n], settings.gammas, settings.seed + r)
             group = [c for c in cells if c.max_gen == n]
             run_group(runner, r, n, prompts, group, baselines[n], references, bar, timer)
     bar.close()
