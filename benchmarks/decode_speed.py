@@ -11,13 +11,16 @@ a KV cache holding a --prefix-token prompt:
   the cost of verifying gamma = k - 1 drafted tokens (Leviathan et al. 2023:
   speculative decoding pays off only if t_v(gamma + 1) is close to t_step);
   r_k = t_v(k) / t_step;
-- t_step and t_v(5) again with a long context (prefix + --long positions), so
-  that attention over the cache and the cache writes show if they cost much;
-- the bandwidth bound: the bytes of weights one step must read (every matrix,
-  the tied LM head included, once) / the machine's read bandwidth, measured
-  here by summing a --bandwidth-mib tensor, sampled between the timed calls
-  of that model (the bandwidth of a shared machine drifts: a probe taken
-  apart from the calls it bounds gave "122% of the bound").
+- t_step and t_v(5) again with a long context (prefix + --long positions,
+  its own cache, timed in the same repeats), so that attention over the
+  cache and the cache writes show if they cost much;
+- the bandwidth bound: the bytes one step must read (every weight matrix,
+  the tied LM head included, once; plus the cached keys and values) / the
+  machine's read bandwidth, measured by summing a --bandwidth-mib tensor
+  right before and right after every timed decode step. Each step is set
+  against the bandwidth sampled around it: the bandwidth of a shared
+  machine drifts within seconds (30 to 56 GB/s here), and a probe taken
+  apart from the calls it bounds once gave "122% of the bound".
 
 How: every repeat runs each implementation in turn (in reversed order on odd
 repeats), after --warmup uncounted repeats; the tables show medians. After each
@@ -28,7 +31,7 @@ The two models are checked to give the same logits before anything is timed.
 Usage:
     python -m benchmarks.decode_speed                        # gpt2 and gpt2-large shapes
     python benchmarks/decode_speed.py --models gpt2 --repeats 5 --no-transformers
-    python -m benchmarks.decode_speed --plain-linear         # also time F.linear everywhere
+    python -m benchmarks.decode_speed --plain-linear --plain-attention   # also time the readable paths
 
 Outputs (in --out, default benchmarks/results/decode_speed-<UTC time>/):
 decode_speed.md (the tables, with the environment header) and
@@ -64,6 +67,7 @@ from benchmarks.common import (
 )
 from gpt2 import GPT2, KVCache, preset
 from gpt2 import linear as gpt2_linear
+from gpt2.attention import plain_attention
 
 CPU = torch.device("cpu")
 DTYPE = torch.float32
@@ -96,41 +100,62 @@ def step_weight_bytes(model: GPT2) -> int:
     return total - wpe.numel() * wpe.element_size() + wpe.size(1) * wpe.element_size()
 
 
+def step_bytes(model: GPT2, context: int) -> int:
+    """Bytes one decode step must read with `context` positions already cached:
+    the weights, plus the keys and values of every layer at the context
+    positions and the new one (B = 1)."""
+    c = model.config
+    kv = 2 * c.n_layer * (context + 1) * c.n_embd * model.dtype.itemsize  # (k, v) x layers x positions x C
+    return step_weight_bytes(model) + kv
+
+
 class OursRunner:
-    """Our GPT-2 with its preallocated KV cache.
+    """Our GPT-2 with its preallocated KV caches, one per context length.
 
     Args:
         model: the model.
-        plain: run every matrix product through plain F.linear
-            (`gpt2.linear.plain_linear`), to show what the fast path buys.
+        plain: "linear": every matrix product through F.linear and attention
+            through SDPA (`gpt2.linear.plain_linear`: the readable path);
+            "attention": attention through SDPA only (`plain_attention`);
+            None: the fast paths. To show what each kernel buys.
     """
 
-    def __init__(self, model: GPT2, *, plain: bool = False) -> None:
+    LABELS = {None: "ours", "linear": "ours, F.linear + SDPA", "attention": "ours, SDPA attention"}
+
+    def __init__(self, model: GPT2, *, plain: str | None = None) -> None:
         self.model = model
         self.plain = plain
-        self.label = "ours, F.linear" if plain else "ours"
-        self.cache: KVCache = model.new_cache(1)
+        self.label = self.LABELS[plain]
+        self.caches: dict[str, KVCache] = {}
 
     def context(self):
-        return gpt2_linear.plain_linear() if self.plain else contextlib.nullcontext()
+        if self.plain == "linear":
+            return gpt2_linear.plain_linear()
+        if self.plain == "attention":
+            return plain_attention()
+        return contextlib.nullcontext()
 
-    def prefill(self, prompt: torch.Tensor) -> None:
-        """Empties the cache and fills it with `prompt` (1, P)."""
-        self.cache.rewind(0)
+    def prefill(self, prompt: torch.Tensor, slot: str) -> None:
+        """Empties cache `slot` and fills it with `prompt` (1, P)."""
+        if slot not in self.caches:
+            self.caches[slot] = self.model.new_cache(1)
+        cache = self.caches[slot]
+        cache.rewind(0)
         with self.context():
-            self.model(prompt, self.cache, last_logits_only=True)
+            self.model(prompt, cache, last_logits_only=True)
 
-    def verify(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits (1, k, V) of `tokens` (1, k) on top of the cache; the cache is then rewound."""
-        P = self.cache.length
+    def verify(self, tokens: torch.Tensor, slot: str) -> torch.Tensor:
+        """Logits (1, k, V) of `tokens` (1, k) on top of cache `slot`; the cache is then rewound."""
+        cache = self.caches[slot]
+        P = cache.length
         with self.context():
-            logits = self.model(tokens, self.cache)
-        self.cache.rewind(P)
+            logits = self.model(tokens, cache)
+        cache.rewind(P)
         return logits
 
 
 class TransformersRunner:
-    """transformers' GPT2LMHeadModel with a DynamicCache (its default cache)."""
+    """transformers' GPT2LMHeadModel with a DynamicCache (its default cache) per context length."""
 
     label = "transformers"
 
@@ -139,19 +164,20 @@ class TransformersRunner:
 
         self.hf_model = hf_model
         self.new_cache = DynamicCache
-        self.cache = None
+        self.caches: dict = {}
 
-    def prefill(self, prompt: torch.Tensor) -> None:
-        self.cache = self.new_cache()
-        self.hf_model(prompt, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+    def prefill(self, prompt: torch.Tensor, slot: str) -> None:
+        self.caches[slot] = self.new_cache()
+        self.hf_model(prompt, past_key_values=self.caches[slot], use_cache=True, logits_to_keep=1)
 
-    def verify(self, tokens: torch.Tensor) -> torch.Tensor:
-        logits = self.hf_model(tokens, past_key_values=self.cache, use_cache=True).logits  # (1, k, V)
-        self.cache.crop(-tokens.size(1))  # a negative count drops that many positions (transformers 4.x and 5.x)
+    def verify(self, tokens: torch.Tensor, slot: str) -> torch.Tensor:
+        cache = self.caches[slot]
+        logits = self.hf_model(tokens, past_key_values=cache, use_cache=True).logits  # (1, k, V)
+        cache.crop(-tokens.size(1))  # a negative count drops that many positions (transformers 4.x and 5.x)
         return logits
 
 
-def timed(fn: Callable[..., object], *args: torch.Tensor) -> float:
+def timed(fn: Callable[..., object], *args) -> float:
     """Seconds that `fn(*args)` takes."""
     t0 = clock(CPU)
     fn(*args)
@@ -159,32 +185,42 @@ def timed(fn: Callable[..., object], *args: torch.Tensor) -> float:
 
 
 def time_interleaved(
-    runners: list, prompt: torch.Tensor, drafts: torch.Tensor, ks: list[int], *, warmup: int, repeats: int,
-    time_prefill: bool, probe: BandwidthProbe, bandwidth: list[float],
+    runners: list, prompts: dict[str, torch.Tensor], drafts: torch.Tensor, ks: dict[str, list[int]], *,
+    warmup: int, repeats: int, probe: BandwidthProbe,
 ) -> dict[str, dict[str, list[float]]]:
-    """Samples (s) per runner label: "prefill" (if asked) and "k=1", "k=2", ...
+    """Samples per runner label: "prefill" (of prompts["short"]), "<slot> k=<k>"
+    for every slot (context) and k in ks[slot] (s), and "<slot> bandwidth"
+    (bytes/s) for every slot.
 
     Each repeat runs every runner in turn, reversed on odd repeats; the first
-    `warmup` repeats are not kept. Before each runner's turn the read
-    bandwidth is sampled into `bandwidth`, so that the bound describes the
-    machine the calls ran on. Every runner holds `prompt` in its cache
-    between calls."""
+    `warmup` repeats are not kept. A runner's turn starts with its decode
+    steps, one per slot, each between two bandwidth samples (the probe right
+    before and right after it: a shared machine's bandwidth drifts within
+    seconds); "<slot> bandwidth" is their mean. Then the prefill and the
+    verifications. Every slot's cache holds its prompt between calls."""
     samples = {r.label: {} for r in runners}
+    slots = list(prompts)
     for r in runners:
-        r.prefill(prompt)
+        for slot in slots:
+            r.prefill(prompts[slot], slot)
     for rep in range(warmup + repeats):
         order = runners if rep % 2 == 0 else runners[::-1]
         for r in order:
-            if rep >= warmup:
-                bandwidth.append(probe.sample())
             got = {}
-            if time_prefill:
-                got["prefill"] = timed(r.prefill, prompt)  # leaves the prompt in the cache
-            for k in ks:
-                got[f"k={k}"] = timed(r.verify, drafts[:, :k])
+            before = probe.sample()
+            for slot in slots:
+                got[f"{slot} k=1"] = timed(r.verify, drafts[:, :1], slot)
+                after = probe.sample()
+                got[f"{slot} bandwidth"] = (before + after) / 2
+                before = after
+            got["prefill"] = timed(r.prefill, prompts["short"], "short")  # leaves the prompt in the cache
+            for slot in slots:
+                for k in ks[slot]:
+                    if k > 1:
+                        got[f"{slot} k={k}"] = timed(r.verify, drafts[:, :k], slot)
             if rep >= warmup:
-                for key, t in got.items():
-                    samples[r.label].setdefault(key, []).append(t)
+                for key, value in got.items():
+                    samples[r.label].setdefault(key, []).append(value)
     return samples
 
 
@@ -194,8 +230,8 @@ def check_same_logits(runners: list, prompt: torch.Tensor, drafts: torch.Tensor)
     ref = None
     diffs = {}
     for r in runners:
-        r.prefill(prompt)
-        logits = r.verify(drafts)
+        r.prefill(prompt, "check")
+        logits = r.verify(drafts, "check")
         if ref is None:
             ref = logits
         diffs[r.label] = (logits - ref).abs().max().item()
@@ -212,8 +248,10 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
     print(f"[{name}] building the model with random weights ...", file=sys.stderr, flush=True)
     model = random_model(config, device=CPU, dtype=DTYPE, seed=args.seed)
     runners: list = [OursRunner(model)]
+    if args.plain_attention:
+        runners.append(OursRunner(model, plain="attention"))
     if args.plain_linear:
-        runners.append(OursRunner(model, plain=True))
+        runners.append(OursRunner(model, plain="linear"))
     if not args.no_transformers:
         from benchmarks.hf_peer import to_transformers
 
@@ -227,6 +265,11 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
     long_prompt = torch.cat([prompt, torch.randint(V, (1, args.long), generator=g)], dim=1)  # (1, P + L)
     if long_prompt.size(1) + drafts.size(1) > config.n_ctx:
         raise ValueError(f"--prefix + --long + max(--ks) must fit the context window {config.n_ctx}")
+    prompts = {"short": prompt}
+    ks = {"short": [1] + list(args.ks)}
+    if args.long > 0:
+        prompts["long"], ks["long"] = long_prompt, [1, LONG_K]
+    contexts = {slot: p.size(1) for slot, p in prompts.items()}
 
     with torch.inference_mode():
         diffs = check_same_logits(runners, prompt, drafts)
@@ -234,45 +277,35 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
         worst = max(diffs.values())
         if worst > 1e-3:
             raise AssertionError(f"the implementations disagree on {name} (max abs logit difference {worst:.3g})")
+        for r in runners:
+            r.caches.pop("check", None)
 
-        print(f"[{name}] timing prefill {args.prefix}, step and verification k = {args.ks} "
+        print(f"[{name}] timing prefill {args.prefix}, step and verification k = {args.ks} at context "
+              f"{args.prefix}, step and k = {LONG_K} at {long_prompt.size(1)} "
               f"({args.warmup} warm-up + {args.repeats} repeats) ...", file=sys.stderr, flush=True)
-        bandwidth: list[float] = []
-        short = time_interleaved(
-            runners, prompt, drafts, [1] + list(args.ks), warmup=args.warmup, repeats=args.repeats, time_prefill=True,
-            probe=probe, bandwidth=bandwidth,
-        )
-        long = {}
-        if args.long > 0:
-            print(f"[{name}] timing step and k = {LONG_K} at context {long_prompt.size(1)} ...", file=sys.stderr, flush=True)
-            long = time_interleaved(
-                runners, long_prompt, drafts, [1, LONG_K], warmup=args.warmup, repeats=args.repeats, time_prefill=False,
-                probe=probe, bandwidth=bandwidth,
-            )
+        samples = time_interleaved(runners, prompts, drafts, ks, warmup=args.warmup, repeats=args.repeats, probe=probe)
 
-    weight_bytes, read_bandwidth = step_weight_bytes(model), median(bandwidth)
-    result = {"model": name, "weight_bytes": weight_bytes, "max_abs_logit_diff": diffs,
-              "read_bandwidth_bytes_per_s": read_bandwidth, "read_bandwidth_samples_bytes_per_s": bandwidth,
-              "bound_s": weight_bytes / read_bandwidth, "implementations": {}}
+    weight_bytes = step_weight_bytes(model)
+    result = {"model": name, "weight_bytes": weight_bytes, "max_abs_logit_diff": diffs, "contexts": contexts,
+              "step_bytes": {slot: step_bytes(model, P) for slot, P in contexts.items()}, "implementations": {}}
     for r in runners:
-        s = short[r.label]
-        med = {key: median(v) for key, v in s.items()}
-        t_step = med["k=1"]
-        entry = {
-            "prefill_s": med["prefill"],
-            "step_s": t_step,
-            "verify_s": {k: med[f"k={k}"] for k in args.ks},
-            "r": {k: med[f"k={k}"] / t_step for k in args.ks},
-            "samples": s,
-            "fraction_of_bound": result["bound_s"] / t_step,
-        }
-        if long:
-            ls = long[r.label]
-            entry["long_context"] = long_prompt.size(1)
-            entry["long_step_s"] = median(ls["k=1"])
-            entry[f"long_verify{LONG_K}_s"] = median(ls[f"k={LONG_K}"])
-            entry[f"long_r{LONG_K}"] = entry[f"long_verify{LONG_K}_s"] / entry["long_step_s"]
-            entry["long_samples"] = ls
+        s = samples[r.label]
+        entry = {"samples": s, "prefill_s": median(s["prefill"])}
+        for slot in prompts:
+            nbytes = result["step_bytes"][slot]
+            steps, bandwidth = s[f"{slot} k=1"], s[f"{slot} bandwidth"]
+            t_step = median(steps)
+            # Each step against the bound of the bandwidth sampled around it, then the median.
+            fractions = [nbytes / bw / t for bw, t in zip(bandwidth, steps)]
+            entry[slot] = {
+                "step_s": t_step,
+                "verify_s": {k: median(s[f"{slot} k={k}"]) for k in ks[slot] if k > 1},
+                "read_bandwidth_bytes_per_s": median(bandwidth),
+                "bound_s": nbytes / median(bandwidth),
+                "fraction_of_bound": median(fractions),
+                "fraction_of_bound_samples": fractions,
+            }
+            entry[slot]["r"] = {k: t / t_step for k, t in entry[slot]["verify_s"].items()}
         result["implementations"][r.label] = entry
 
     del runners, model
@@ -291,10 +324,12 @@ def ms(seconds: float) -> str:
 
 def report(results: list[dict], args: argparse.Namespace, env: dict) -> str:
     k5 = 5 if 5 in args.ks else args.ks[0]
+    bandwidths = [bw for res in results for e in res["implementations"].values()
+                  for slot in res["contexts"] for bw in e["samples"][f"{slot} bandwidth"]]
     bandwidth_line = (
-        "- read bandwidth: "
-        + ", ".join(f"{res['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s ({res['model']})" for res in results)
-        + f" (median of summing a {args.bandwidth_mib} MiB tensor, sampled between that model's timed calls)"
+        f"- read bandwidth (summing a {args.bandwidth_mib} MiB tensor right before and after each timed "
+        f"decode step): median {median(bandwidths) / 1e9:.1f} GB/s, "
+        f"{min(bandwidths) / 1e9:.1f} to {max(bandwidths) / 1e9:.1f} over the run"
     )
     settings_line = (
         f"- batch 1, random weights, prefix {args.prefix} tokens; medians of {args.repeats} interleaved "
@@ -307,38 +342,50 @@ def report(results: list[dict], args: argparse.Namespace, env: dict) -> str:
                "% of bound", f"t_v({k5}) (ms)", f"r_{k5}"]
     if args.long > 0:
         P = args.prefix + args.long
-        headers += [f"step @{P} (ms)", f"r_{LONG_K} @{P}"]
+        headers += [f"step @{P} (ms)", f"bound @{P} (ms)", f"% of bound @{P}", f"t_v({LONG_K}) @{P} (ms)",
+                    f"r_{LONG_K} @{P}"]
     rows = []
     for res in results:
         for label, e in res["implementations"].items():
-            row = [res["model"], label, ms(e["prefill_s"]), ms(e["step_s"]), ms(res["bound_s"]),
-                   f"{100 * e['fraction_of_bound']:.0f}%", ms(e["verify_s"][k5]), f"{e['r'][k5]:.2f}"]
+            short = e["short"]
+            row = [res["model"], label, ms(e["prefill_s"]), ms(short["step_s"]), ms(short["bound_s"]),
+                   f"{100 * short['fraction_of_bound']:.0f}%", ms(short["verify_s"][k5]), f"{short['r'][k5]:.2f}"]
             if args.long > 0:
-                row += [ms(e["long_step_s"]), f"{e[f'long_r{LONG_K}']:.2f}"]
+                long = e["long"]
+                row += [ms(long["step_s"]), ms(long["bound_s"]), f"{100 * long['fraction_of_bound']:.0f}%",
+                        ms(long["verify_s"][LONG_K]), f"{long['r'][LONG_K]:.2f}"]
             rows.append(row)
     lines += ["## Step, verification and the bandwidth bound", "",
-              "bound = bytes of weights one step reads / read bandwidth; % of bound = bound / step.", "",
+              "bound = bytes one step must read (every weight once, plus the cached keys and values) / read "
+              "bandwidth. % of bound: each step against the bound of the bandwidth sampled around it "
+              "(bound_i / step_i), median over the repeats; the bound column uses the median bandwidth.", "",
               markdown_table(headers, rows), ""]
 
     headers = ["model", "implementation"] + [f"k={k}" for k in args.ks]
     rows = []
     for res in results:
         for label, e in res["implementations"].items():
-            rows.append([res["model"], label] + [f"{ms(e['verify_s'][k])} ({e['r'][k]:.2f})" for k in args.ks])
-    lines += ["## Verification of k tokens in one forward pass: t_v(k) in ms (r_k = t_v(k) / t_step)", "",
-              markdown_table(headers, rows), ""]
+            short = e["short"]
+            rows.append([res["model"], label] + [f"{ms(short['verify_s'][k])} ({short['r'][k]:.2f})" for k in args.ks])
+    lines += [f"## Verification of k tokens in one forward pass at context {args.prefix}: "
+              "t_v(k) in ms (r_k = t_v(k) / t_step)", "", markdown_table(headers, rows), ""]
 
-    speedups = []
+    comparisons = []
     for res in results:
         impl = res["implementations"]
-        if "transformers" in impl:
-            o, t = impl["ours"], impl["transformers"]
-            speedups.append(
-                f"- {res['model']}: transformers / ours: prefill {t['prefill_s'] / o['prefill_s']:.2f}x, "
-                f"step {t['step_s'] / o['step_s']:.2f}x, t_v({k5}) {t['verify_s'][k5] / o['verify_s'][k5]:.2f}x"
-            )
-    if speedups:
-        lines += ["## Ours against transformers (higher: ours faster)", "", *speedups, ""]
+        o = impl["ours"]
+        for label, e in impl.items():
+            if label == "ours":
+                continue
+            line = (f"- {res['model']}: {label} / ours: prefill {e['prefill_s'] / o['prefill_s']:.2f}x, "
+                    f"step {e['short']['step_s'] / o['short']['step_s']:.2f}x, "
+                    f"t_v({k5}) {e['short']['verify_s'][k5] / o['short']['verify_s'][k5]:.2f}x")
+            if args.long > 0:
+                line += (f"; at {args.prefix + args.long}: step {e['long']['step_s'] / o['long']['step_s']:.2f}x, "
+                         f"t_v({LONG_K}) {e['long']['verify_s'][LONG_K] / o['long']['verify_s'][LONG_K]:.2f}x")
+            comparisons.append(line)
+    if comparisons:
+        lines += ["## The others against ours (time ratios; higher: ours faster)", "", *comparisons, ""]
     return "\n".join(lines)
 
 
@@ -361,7 +408,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also time step and k=5 with the cache at prefix + LONG positions (default 500; 0: skip)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     p.add_argument("--bandwidth-mib", type=int, default=1024, help="size of the tensor summed to measure read bandwidth")
-    p.add_argument("--plain-linear", action="store_true", help="also time our model with plain F.linear everywhere")
+    p.add_argument("--plain-linear", action="store_true",
+                   help="also time our model on the readable path: F.linear and SDPA everywhere")
+    p.add_argument("--plain-attention", action="store_true",
+                   help="also time our model with SDPA attention (the linear kernel kept)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers (it need not be installed)")
     p.add_argument("--seed", type=int, default=0, help="seeds the random weights and tokens")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/decode_speed-<UTC time>/)")

@@ -1,14 +1,18 @@
-"""Compile and load the C kernel `few_rows_linear.c`, once per machine.
+"""Compile and load the C kernels, once per machine.
 
-`gpt2/linear.py` uses the kernel for the products of a decode step and of a
-verification pass on x86-64 CPUs with AVX2 and FMA. It is built on first use
-with the system C compiler (`$CC`, else `cc`) into a cache folder, and called
-through `ctypes`, so it needs no build step at install time and no PyTorch
-headers (compiling takes about a second).
+Two kernels, for x86-64 CPUs with AVX2 and FMA, make a decode step and a
+verification pass cost about what reading the model from memory costs:
+`few_rows_linear.c` (used by `gpt2/linear.py`: the matrix products) and
+`few_queries_attention.c` (used by `gpt2/attention.py`: attention over the KV
+cache). Both are built into one library on first use with the system C
+compiler (`$CC`, else `cc`) into a cache folder, and called through `ctypes`,
+so they need no build step at install time and no PyTorch headers (compiling
+takes about a second).
 
 If anything is missing (another CPU, no compiler, a failed build), `load()`
-returns None and says why in `status()`; the model then uses `F.linear`,
-with the same results and lower speed. Nothing here raises.
+and `load_attention()` return None and `status()` says why; the model then
+uses `F.linear` and `F.scaled_dot_product_attention`, with the same results
+and lower speed. Nothing here raises.
 
 Environment:
     CC                 the C compiler (default `cc`)
@@ -31,9 +35,9 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("few_rows_linear.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("few_rows_linear.c", "few_queries_attention.c"))
 
-# -fopenmp: the loop is split across threads with OpenMP. The library asks for
+# -fopenmp: the loops are split across threads with OpenMP. The library asks for
 # libgomp.so.1, which PyTorch has already loaded, so both share one thread pool
 # and torch.set_num_threads applies to the kernel too.
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
@@ -73,14 +77,14 @@ def cpu_supported() -> str | None:
 
 
 def build(compiler: str, folder: Path) -> Path:
-    """Compile SOURCE into `folder`, named by a hash of everything that goes
+    """Compile SOURCES into one library in `folder`, named by a hash of everything that goes
     into it, and return the library's path (already there: no compile).
 
     Raises:
         RuntimeError: the compiler failed; the message has its last line.
     """
-    recipe = SOURCE.read_bytes() + repr((compiler, FLAGS, platform.platform())).encode()
-    library = folder / f"few_rows_linear-{hashlib.sha256(recipe).hexdigest()[:16]}.so"
+    recipe = b"".join(source.read_bytes() for source in SOURCES) + repr((compiler, FLAGS, platform.platform())).encode()
+    library = folder / f"gpt2-kernels-{hashlib.sha256(recipe).hexdigest()[:16]}.so"
     if library.exists():
         return library
     folder.mkdir(parents=True, exist_ok=True)
@@ -90,7 +94,7 @@ def build(compiler: str, folder: Path) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", partial],
+            [compiler, *FLAGS, *map(str, SOURCES), "-o", partial],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
@@ -106,12 +110,8 @@ def build(compiler: str, folder: Path) -> Path:
 
 
 @functools.cache
-def load() -> ctypes._CFuncPtr | None:
-    """The kernel's C function `few_rows_linear`, or None (see `status()`).
-
-    Its arguments: x, packed W, bias (or None), y as data pointers, then
-    N, IN, OUT; see few_rows_linear.c for the layouts.
-    """
+def library() -> ctypes.CDLL | None:
+    """The built library of both kernels, or None (see `status()`)."""
     unsupported = cpu_supported()
     if unsupported:
         _set_status(f"F.linear ({unsupported})")
@@ -121,12 +121,42 @@ def load() -> ctypes._CFuncPtr | None:
         _set_status(f"F.linear (no C compiler: `{os.environ.get('CC', 'cc')}` not found; install gcc or set CC)")
         return None
     try:
-        library = ctypes.CDLL(str(build(compiler, cache_dir())))
+        built = ctypes.CDLL(str(build(compiler, cache_dir())))
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        _set_status(f"F.linear (building few_rows_linear.c failed: {err})")
+        _set_status(f"F.linear (building the C kernels failed: {err})")
         return None
-    kernel = library.few_rows_linear
+    _set_status(f"few_rows_linear.c + few_queries_attention.c (AVX2, built with {compiler})")
+    return built
+
+
+@functools.cache
+def load() -> ctypes._CFuncPtr | None:
+    """The C function `few_rows_linear`, or None (see `status()`).
+
+    Its arguments: x, packed W, bias (or None), y as data pointers, then
+    N, IN, OUT; see few_rows_linear.c for the layouts.
+    """
+    built = library()
+    if built is None:
+        return None
+    kernel = built.few_rows_linear
     kernel.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
     kernel.restype = None
-    _set_status(f"few_rows_linear.c (AVX2, built with {compiler})")
+    return kernel
+
+
+@functools.cache
+def load_attention() -> ctypes._CFuncPtr | None:
+    """The C function `few_queries_attention`, or None (see `status()`).
+
+    Its arguments: q, k, v, scratch, y as data pointers, then B, nh, T, K, hs,
+    the strides q_b, q_h, q_t, kv_b, kv_h, and the scale; see
+    few_queries_attention.c for the layouts.
+    """
+    built = library()
+    if built is None:
+        return None
+    kernel = built.few_queries_attention
+    kernel.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 10 + [ctypes.c_float]
+    kernel.restype = None
     return kernel

@@ -57,7 +57,8 @@ the one speed trick of this file:
   order: max abs difference of gpt2-shape logits to `F.linear` ~4e-6).
 
 Set the environment variable GPT2_PLAIN_LINEAR=1 to run `F.linear` everywhere
-(or use `with plain_linear():`), for comparison or debugging.
+(or use `with plain_linear():`), for comparison or debugging; attention then
+takes its readable path too (gpt2/attention.py).
 """
 
 from __future__ import annotations
@@ -150,6 +151,12 @@ def plain_linear() -> Iterator[None]:
         yield
     finally:
         _use_kernel = saved
+
+
+def kernels_enabled() -> bool:
+    """False inside `plain_linear()` or with GPT2_PLAIN_LINEAR=1: then the
+    attention kernel (gpt2/attention.py) is off too."""
+    return _use_kernel
 
 
 def describe() -> str:

@@ -12,17 +12,17 @@ embedding. Parameter names are the checkpoint's (`wte`, `wpe`, `h.N.ln_1`,
 Weight layout: every linear layer stores its weight as (out_features,
 in_features), like `nn.Linear`. The checkpoint's Conv1D weights are stored
 (in, out); loading.py transposes them once. All products go through
-`linear.linear`, the one place where a faster CPU path can be chosen.
+`linear.linear` and all attention through `attention.causal_attention`: the
+two places where a faster CPU path is chosen.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .attention import causal_attention
 from .config import GPT2Config
 from .kv_cache import KVCache
 from .linear import Linear, linear, prepare
@@ -36,9 +36,7 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = Linear(config.n_embd, 3 * config.n_embd)  # x -> q, k, v
         self.c_proj = Linear(config.n_embd, config.n_embd)
 
-    def forward(
-        self, x: torch.Tensor, cache: KVCache | None, start: int, mask: torch.Tensor | None
-    ) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+    def forward(self, x: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
         B, T, C = x.size()
         nh, hs = self.n_head, C // self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, 3C) -> 3 x (B, T, C)
@@ -48,10 +46,8 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             # Attend over everything cached so far plus the T new positions.
             k, v = cache.write(self.layer, start, k, v)  # (B, nh, P + T, hs)
-        # softmax(q k^T / sqrt(hs)) v, with the causal mask over P + T keys:
-        # (B, nh, T, hs) x (B, nh, hs, P+T) -> (B, nh, T, P+T); x (B, nh, P+T, hs) -> (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(hs))
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
+        # softmax(q k^T / sqrt(hs)) v, each new token seeing the keys up to its own position
+        y = causal_attention(q, k, v)  # (B, nh, T, hs), (B, nh, P + T, hs) x 2 -> (B, T, C)
         return self.c_proj(y)
 
 
@@ -74,10 +70,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: torch.Tensor, cache: KVCache | None, start: int, mask: torch.Tensor | None
-    ) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
-        x = x + self.attn(self.ln_1(x), cache, start, mask)
+    def forward(self, x: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        x = x + self.attn(self.ln_1(x), cache, start)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -153,15 +147,8 @@ class GPT2(nn.Module):
         pos = torch.arange(P, P + T, device=input_ids.device)  # (T,)
         x = self.wte(input_ids) + self.wpe(pos)  # (B, T, C) + (T, C) -> (B, T, C)
 
-        # Query t (absolute position P + t) may see keys 0 .. P + t. One new
-        # token sees every key, so it needs no mask at all.
-        mask = None
-        if T > 1:
-            key_pos = torch.arange(P + T, device=input_ids.device)  # (P+T,)
-            mask = key_pos[None, :] <= pos[:, None]  # (T, P+T), True = may attend
-
         for block in self.h:
-            x = block(x, cache, P, mask)  # (B, T, C)
+            x = block(x, cache, P)  # (B, T, C)
         if cache is not None:
             cache.length = P + T
 

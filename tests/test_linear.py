@@ -176,7 +176,7 @@ print(L.describe())
 
 @pytest.mark.parametrize(
     "compiler, expected",
-    [("no-such-compiler-here", "no C compiler"), ("false", "building few_rows_linear.c failed")],
+    [("no-such-compiler-here", "no C compiler"), ("false", "building the C kernels failed")],
 )
 def test_without_a_working_compiler_it_falls_back_and_says_why(tmp_path, compiler, expected):
     if c_kernel.cpu_supported():
