@@ -14,21 +14,26 @@ most KERNEL_MAX_QUERIES queries, `causal_attention` calls the C kernel
 few_queries_attention.c instead:
 
 - What it buys: attention reads every cached key and value once, so it
-  should cost what reading them costs (gpt2-large, 600 positions: 221 MB, ~5
-  ms at 45 GB/s) and the cache should not make a step slower than the
-  weights make it. PyTorch's CPU SDPA reads them at a fraction of that speed,
-  worse with a mask: on gpt2-large with a cold cache (36 layers, the weights
-  streamed in between), ms per forward pass:
+  should cost what reading them costs (gpt2-large at 600 positions: 221 MB,
+  ~4.6 ms at 48 GB/s), and a verification pass should not read them once per
+  query. PyTorch's CPU SDPA pays per query and more with a mask: on the
+  whole gpt2-large forward (torch 2.13, fp32, 2 Zen 4 EPYC cores, medians of
+  12 interleaved repeats, `python -m benchmarks.decode_speed
+  --plain-attention`), ms:
 
-      context, queries        SDPA    few_queries_attention
-      100, 1                  see benchmarks/decode_speed.py --attention
-      ...
+      context, new tokens       SDPA     few_queries_attention
+      100, 1 (decode step)      74.5     73.1
+      100, 5 (verify gamma 4)   90.7     87.8
+      600, 1                    78.3     80.7   (within the noise)
+      600, 5                   110.6     95.4
 
-  The kernel reads each key and value once for all T queries and writes y in
-  the (B, T, C) layout the projection wants, so the transpose after SDPA (a
-  copy for T > 1) goes too.
+  and in a second interleaved A/B of the same forward passes: 74.7 / 72.3,
+  94.6 / 89.3, 82.2 / 76.9, 112.1 / 97.7. The kernel reads each key and
+  value once for all T queries and writes y in the (B, T, C) layout the
+  projection wants, so the transpose after SDPA (a copy for T > 1) goes too.
 - Results: equal up to floating-point reassociation and the float32 error of
-  its exp (max abs difference to SDPA ~1e-6 on unit-scale inputs).
+  its exp: max abs difference to a float64 reference 1e-6 to 3.4e-6 on
+  unit-scale inputs (tests/test_attention.py allows 1e-5).
 
 `plain_attention()` switches this kernel off; `plain_linear()` and
 GPT2_PLAIN_LINEAR=1 (gpt2/linear.py) switch it off as well, with the linear

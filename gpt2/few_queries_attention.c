@@ -7,9 +7,10 @@
  *
  * Why it exists (measurements in gpt2/attention.py): attention reads every
  * cached key and value once, so at a long context it should cost what reading
- * the cache costs. PyTorch's CPU scaled_dot_product_attention took 2-4x that
- * for one query and ~5x for five queries with a mask. This loop reads each
- * key and value once from memory for all T queries.
+ * the cache costs. PyTorch's CPU scaled_dot_product_attention took about 2x
+ * that for one query and 4x for five queries with a mask (gpt2-large, 600
+ * positions, 36 layers read cold: 10.8 and 21.8 ms against ~5 ms). This loop
+ * reads each key and value once from memory for all T queries.
  *
  * Query t sits at position K - T + t and sees keys 0 .. K - T + t (the causal
  * rule of the model: the T new tokens are the last T positions).
@@ -74,7 +75,7 @@ static inline float dot(const float *a, const float *b, int64_t hs) {
 /* q: (B, nh, T, hs) with strides q_b, q_h, q_t (elements; hs contiguous);
  * k, v: (B, nh, K, hs) with strides kv_b, kv_h, hs (the cache's layout);
  * p: scratch, (B, nh, T, K) contiguous; y: (B, T, nh, hs) contiguous.
- * hs must be a multiple of 8 and at most 256; 1 <= T <= K. */
+ * hs must be a multiple of 8; 1 <= T <= K. */
 void few_queries_attention(const float *q, const float *k, const float *v, float *p, float *y,
                            int64_t B, int64_t nh, int64_t T, int64_t K, int64_t hs,
                            int64_t q_b, int64_t q_h, int64_t q_t, int64_t kv_b, int64_t kv_h, float scale) {

@@ -39,10 +39,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
         B, T, C = x.size()
         nh, hs = self.n_head, C // self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, 3C) -> 3 x (B, T, C)
-        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        qkv = self.c_attn(x).view(B, T, 3, nh, hs)  # (B, T, 3C) -> (B, T, 3, nh, hs)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
         if cache is not None:
             # Attend over everything cached so far plus the T new positions.
             k, v = cache.write(self.layer, start, k, v)  # (B, nh, P + T, hs)
