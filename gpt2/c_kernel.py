@@ -77,8 +77,9 @@ def cpu_supported() -> str | None:
 
 
 def build(compiler: str, folder: Path) -> Path:
-    """Compile SOURCES into one library in `folder`, named by a hash of everything that goes
-    into it, and return the library's path (already there: no compile).
+    """Compile SOURCES into one library in `folder`, named by a hash of
+    everything that goes into it, and return the library's path (already
+    there: no compile).
 
     Raises:
         RuntimeError: the compiler failed; the message has its last line.
@@ -114,16 +115,17 @@ def library() -> ctypes.CDLL | None:
     """The built library of both kernels, or None (see `status()`)."""
     unsupported = cpu_supported()
     if unsupported:
-        _set_status(f"F.linear ({unsupported})")
+        _set_status(f"F.linear + SDPA ({unsupported})")
         return None
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
-        _set_status(f"F.linear (no C compiler: `{os.environ.get('CC', 'cc')}` not found; install gcc or set CC)")
+        cc = os.environ.get("CC", "cc")
+        _set_status(f"F.linear + SDPA (no C compiler: `{cc}` not found; install gcc or set CC)")
         return None
     try:
         built = ctypes.CDLL(str(build(compiler, cache_dir())))
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        _set_status(f"F.linear (building the C kernels failed: {err})")
+        _set_status(f"F.linear + SDPA (building the C kernels failed: {err})")
         return None
     _set_status(f"few_rows_linear.c + few_queries_attention.c (AVX2, built with {compiler})")
     return built

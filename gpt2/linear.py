@@ -162,7 +162,7 @@ def kernels_enabled() -> bool:
 def describe() -> str:
     """One line for reports: which path `linear` takes on a CPU in float32."""
     if not _use_kernel:
-        return "F.linear (GPT2_PLAIN_LINEAR=1 or plain_linear())"
+        return "F.linear + SDPA (GPT2_PLAIN_LINEAR=1 or plain_linear())"
     c_kernel.load()
     return c_kernel.status()
 
