@@ -280,9 +280,10 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
         for r in runners:
             r.caches.pop("check", None)
 
+        long_part = f", step and k = {LONG_K} at {contexts['long']}" if "long" in contexts else ""
         print(f"[{name}] timing prefill {args.prefix}, step and verification k = {args.ks} at context "
-              f"{args.prefix}, step and k = {LONG_K} at {long_prompt.size(1)} "
-              f"({args.warmup} warm-up + {args.repeats} repeats) ...", file=sys.stderr, flush=True)
+              f"{args.prefix}{long_part} ({args.warmup} warm-up + {args.repeats} repeats) ...",
+              file=sys.stderr, flush=True)
         samples = time_interleaved(runners, prompts, drafts, ks, warmup=args.warmup, repeats=args.repeats, probe=probe)
 
     weight_bytes = step_weight_bytes(model)

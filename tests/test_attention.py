@@ -104,6 +104,7 @@ def test_large_scores_do_not_overflow():
     q = q * 300.0
     got = causal_attention(q, k, v)
     assert torch.isfinite(got).all()
+    # 1e-4: float32 scores of ~1000 carry rounding errors of ~1e-4 themselves
     assert (got - reference(q, k, v)).abs().max().item() <= 1e-4
 
 
