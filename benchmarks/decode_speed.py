@@ -31,7 +31,7 @@ The two models are checked to give the same logits before anything is timed.
 Usage:
     python -m benchmarks.decode_speed                        # gpt2 and gpt2-large shapes
     python benchmarks/decode_speed.py --models gpt2 --repeats 5 --no-transformers
-    python -m benchmarks.decode_speed --plain-linear --plain-attention   # also time the readable paths
+    python -m benchmarks.decode_speed --module-blocks --plain-attention --plain-linear   # and without each speed trick
 
 Outputs (in --out, default benchmarks/results/decode_speed-<UTC time>/):
 decode_speed.md (the tables, with the environment header) and
@@ -68,6 +68,7 @@ from benchmarks.common import (
 from gpt2 import GPT2, KVCache, preset
 from gpt2 import linear as gpt2_linear
 from gpt2.attention import plain_attention
+from gpt2.block_loop import module_blocks
 
 CPU = torch.device("cpu")
 DTYPE = torch.float32
@@ -117,10 +118,17 @@ class OursRunner:
         plain: "linear": every matrix product through F.linear and attention
             through SDPA (`gpt2.linear.plain_linear`: the readable path);
             "attention": attention through SDPA only (`plain_attention`);
-            None: the fast paths. To show what each kernel buys.
+            "blocks": the kernels, called from the Block modules one by one
+            instead of the one-call block loop (`module_blocks`);
+            None: the fast paths. To show what each speed trick buys.
     """
 
-    LABELS = {None: "ours", "linear": "ours, F.linear + SDPA", "attention": "ours, SDPA attention"}
+    LABELS = {
+        None: "ours",
+        "blocks": "ours, Block modules",
+        "attention": "ours, SDPA attention",
+        "linear": "ours, F.linear + SDPA",
+    }
 
     def __init__(self, model: GPT2, *, plain: str | None = None) -> None:
         self.model = model
@@ -133,6 +141,8 @@ class OursRunner:
             return gpt2_linear.plain_linear()
         if self.plain == "attention":
             return plain_attention()
+        if self.plain == "blocks":
+            return module_blocks()
         return contextlib.nullcontext()
 
     def prefill(self, prompt: torch.Tensor, slot: str) -> None:
@@ -248,6 +258,8 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
     print(f"[{name}] building the model with random weights ...", file=sys.stderr, flush=True)
     model = random_model(config, device=CPU, dtype=DTYPE, seed=args.seed)
     runners: list = [OursRunner(model)]
+    if args.module_blocks:
+        runners.append(OursRunner(model, plain="blocks"))
     if args.plain_attention:
         runners.append(OursRunner(model, plain="attention"))
     if args.plain_linear:
@@ -413,6 +425,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also time our model on the readable path: F.linear and SDPA everywhere")
     p.add_argument("--plain-attention", action="store_true",
                    help="also time our model with SDPA attention (the linear kernel kept)")
+    p.add_argument("--module-blocks", action="store_true",
+                   help="also time our model calling its Block modules one by one (the kernels kept)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers (it need not be installed)")
     p.add_argument("--seed", type=int, default=0, help="seeds the random weights and tokens")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/decode_speed-<UTC time>/)")

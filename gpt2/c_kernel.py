@@ -1,18 +1,20 @@
 """Compile and load the C kernels, once per machine.
 
-Two kernels, for x86-64 CPUs with AVX2 and FMA, make a decode step and a
+The kernels, for x86-64 CPUs with AVX2 and FMA, make a decode step and a
 verification pass cost about what reading the model from memory costs:
-`few_rows_linear.c` (used by `gpt2/linear.py`: the matrix products) and
-`few_queries_attention.c` (used by `gpt2/attention.py`: attention over the KV
-cache). Both are built into one library on first use with the system C
-compiler (`$CC`, else `cc`) into a cache folder, and called through `ctypes`,
-so they need no build step at install time and no PyTorch headers (compiling
-takes about a second).
+`few_rows_linear.c` (used by `gpt2/linear.py`: the matrix products, with the
+layer norm before and the GELU and residual after), `few_queries_attention.c`
+(used by `gpt2/attention.py`: attention over the KV cache) and
+`few_rows_blocks.c` (used by `gpt2/block_loop.py`: all blocks of a step in one
+call of the other two), with the vector helpers of `vector_math.h`. They are
+built into one library on first use with the system C compiler (`$CC`, else
+`cc`) into a cache folder, and called through `ctypes`, so they need no build
+step at install time and no PyTorch headers (compiling takes about a second).
 
-If anything is missing (another CPU, no compiler, a failed build), `load()`
-and `load_attention()` return None and `status()` says why; the model then
-uses `F.linear` and `F.scaled_dot_product_attention`, with the same results
-and lower speed. Nothing here raises.
+If anything is missing (another CPU, no compiler, a failed build), `load()`,
+`load_attention()` and `load_blocks()` return None and `status()` says why;
+the model then uses `F.linear`, `F.scaled_dot_product_attention` and its
+Block modules, with the same results and lower speed. Nothing here raises.
 
 Environment:
     CC                 the C compiler (default `cc`)
@@ -35,12 +37,16 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("few_rows_linear.c", "few_queries_attention.c"))
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("few_rows_linear.c", "few_queries_attention.c", "few_rows_blocks.c")
+)
+HEADERS = (Path(__file__).with_name("vector_math.h"),)  # included by both; part of the recipe
 
 # -fopenmp: the loops are split across threads with OpenMP. The library asks for
 # libgomp.so.1, which PyTorch has already loaded, so both share one thread pool
 # and torch.set_num_threads applies to the kernel too.
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+LIBRARIES = ("-lm",)
 
 COMPILE_TIMEOUT_S = 120
 
@@ -84,7 +90,8 @@ def build(compiler: str, folder: Path) -> Path:
     Raises:
         RuntimeError: the compiler failed; the message has its last line.
     """
-    recipe = b"".join(source.read_bytes() for source in SOURCES) + repr((compiler, FLAGS, platform.platform())).encode()
+    recipe = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
+    recipe += repr((compiler, FLAGS, LIBRARIES, platform.platform())).encode()
     library = folder / f"gpt2-kernels-{hashlib.sha256(recipe).hexdigest()[:16]}.so"
     if library.exists():
         return library
@@ -95,7 +102,7 @@ def build(compiler: str, folder: Path) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, *map(str, SOURCES), "-o", partial],
+            [compiler, *FLAGS, *map(str, SOURCES), "-o", partial, *LIBRARIES],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
@@ -127,7 +134,7 @@ def library() -> ctypes.CDLL | None:
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         _set_status(f"F.linear + SDPA (building the C kernels failed: {err})")
         return None
-    _set_status(f"few_rows_linear.c + few_queries_attention.c (AVX2, built with {compiler})")
+    _set_status(f"few_rows_linear.c + few_queries_attention.c + few_rows_blocks.c (AVX2, built with {compiler})")
     return built
 
 
@@ -135,14 +142,15 @@ def library() -> ctypes.CDLL | None:
 def load() -> ctypes._CFuncPtr | None:
     """The C function `few_rows_linear`, or None (see `status()`).
 
-    Its arguments: x, packed W, bias (or None), y as data pointers, then
-    N, IN, OUT; see few_rows_linear.c for the layouts.
+    Its arguments: x, packed W, bias (or None), y as data pointers; N, IN,
+    OUT; the layer norm's weight and bias (or None) and eps; gelu (0 or 1);
+    residual (or None). See few_rows_linear.c for the layouts.
     """
     built = library()
     if built is None:
         return None
     kernel = built.few_rows_linear
-    kernel.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    kernel.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
     kernel.restype = None
     return kernel
 
@@ -151,14 +159,36 @@ def load() -> ctypes._CFuncPtr | None:
 def load_attention() -> ctypes._CFuncPtr | None:
     """The C function `few_queries_attention`, or None (see `status()`).
 
-    Its arguments: q, k, v, scratch, y as data pointers, then B, nh, T, K, hs,
-    the strides q_b, q_h, q_t, kv_b, kv_h, and the scale; see
+    Its arguments: q, k_new, v_new (or None), k, v, y as data pointers, then
+    B, nh, T, K, hs, the strides q_b, q_h, q_t, kv_b, kv_h, and the scale; see
     few_queries_attention.c for the layouts.
     """
     built = library()
     if built is None:
         return None
     kernel = built.few_queries_attention
-    kernel.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 10 + [ctypes.c_float]
+    kernel.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 10 + [ctypes.c_float]
+    kernel.restype = None
+    return kernel
+
+
+@functools.cache
+def load_blocks() -> ctypes._CFuncPtr | None:
+    """The C function `few_rows_blocks`, or None (see `status()`).
+
+    Its arguments: the array of BlockPointers, n_layer, x, scratch, B, T, C,
+    nh, eps, k_cache, v_cache, the cache strides layer, b, h, and start; see
+    few_rows_blocks.c.
+    """
+    built = library()
+    if built is None:
+        return None
+    kernel = built.few_rows_blocks
+    kernel.argtypes = (
+        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        + [ctypes.c_int64] * 4
+        + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p]
+        + [ctypes.c_int64] * 4
+    )
     kernel.restype = None
     return kernel

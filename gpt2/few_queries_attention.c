@@ -15,7 +15,9 @@
  * Query t sits at position K - T + t and sees keys 0 .. K - T + t (the causal
  * rule of the model: the T new tokens are the last T positions).
  *
- * Per (b, h), in three passes:
+ * Per (b, h), after copying the T new keys and values into the cache (when
+ * given separately, as in a decode step: it saves two PyTorch ops per layer),
+ * in three passes:
  *   1. scores s[t][j] = scale * q_t . k_j, keys in blocks of 8 (one block
  *      stays in L1 while every query is scored against it);
  *   2. softmax of each query's row over the keys it may see: p[t][j] =
@@ -26,13 +28,10 @@
  */
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
-static inline float sum8(__m256 v) { /* the 8 lanes of v, added */
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_hadd_ps(s, s);
-    s = _mm_hadd_ps(s, s);
-    return _mm_cvtss_f32(s);
-}
+#include "vector_math.h"
 
 /* The lane sums of a[0..7], as one vector: lane i = sum8(a[i]). */
 static inline __m256 sum8x8(const __m256 a[8]) {
@@ -45,27 +44,6 @@ static inline __m256 sum8x8(const __m256 a[8]) {
     return _mm256_add_ps(lo, hi);
 }
 
-/* e^x for 8 lanes, x <= 0 (softmax after subtracting the row maximum):
- * e^x = 2^n e^r with n = round(x / ln 2), |r| <= ln 2 / 2, and e^r by the
- * degree-7 polynomial of the Cephes library (relative error ~1e-7, that of
- * float32). Below -87.3 the result would underflow float32; it is clamped. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); /* ln 2 in two parts, */
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);     /* for an exact r      */
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f))); /* e^r */
-    __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)); /* e^r * 2^n */
-}
-
 static inline float dot(const float *a, const float *b, int64_t hs) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t c = 0; c < hs; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), acc);
@@ -74,82 +52,95 @@ static inline float dot(const float *a, const float *b, int64_t hs) {
 
 /* q: (B, nh, T, hs) with strides q_b, q_h, q_t (elements; hs contiguous);
  * k, v: (B, nh, K, hs) with strides kv_b, kv_h, hs (the cache's layout);
- * p: scratch, (B, nh, T, K) contiguous; y: (B, T, nh, hs) contiguous.
+ * k_new, v_new: the T new keys and values, laid out like q (strides q_b, q_h,
+ * q_t), copied into positions [K - T, K) of k and v first; or NULL where they
+ * are already there. y: (B, T, nh, hs) contiguous.
  * hs must be a multiple of 8; 1 <= T <= K. */
-void few_queries_attention(const float *q, const float *k, const float *v, float *p, float *y,
+void few_queries_attention(const float *q, const float *k_new, const float *v_new, float *k, float *v, float *y,
                            int64_t B, int64_t nh, int64_t T, int64_t K, int64_t hs,
                            int64_t q_b, int64_t q_h, int64_t q_t, int64_t kv_b, int64_t kv_h, float scale) {
-#pragma omp parallel for schedule(static)
-    for (int64_t bh = 0; bh < B * nh; bh++) {
-        const int64_t b = bh / nh, h = bh % nh;
-        const float *qh = q + b * q_b + h * q_h;   /* query t at qh + t * q_t */
-        const float *kh = k + b * kv_b + h * kv_h; /* key j at kh + j * hs */
-        const float *vh = v + b * kv_b + h * kv_h;
-        float *ph = p + bh * T * K;                /* row t at ph + t * K */
+#pragma omp parallel
+    {
+        float *ph = malloc((size_t)(T * K) * sizeof(float)); /* this thread's scores, then
+                                                                 probabilities: row t at ph + t * K */
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * nh; bh++) {
+            const int64_t b = bh / nh, h = bh % nh;
+            const float *qh = q + b * q_b + h * q_h;   /* query t at qh + t * q_t */
+            float *kh = k + b * kv_b + h * kv_h;       /* key j at kh + j * hs */
+            float *vh = v + b * kv_b + h * kv_h;
 
-        /* 1. scores, 8 keys at a time */
-        int64_t j = 0;
-        for (; j + 8 <= K; j += 8) {
+            /* 0. the new keys and values into the cache, at the last T positions */
+            for (int64_t t = 0; k_new && t < T; t++) {
+                memcpy(kh + (K - T + t) * hs, k_new + b * q_b + h * q_h + t * q_t, (size_t)hs * sizeof(float));
+                memcpy(vh + (K - T + t) * hs, v_new + b * q_b + h * q_h + t * q_t, (size_t)hs * sizeof(float));
+            }
+
+            /* 1. scores, 8 keys at a time */
+            int64_t j = 0;
+            for (; j + 8 <= K; j += 8) {
+                for (int64_t t = 0; t < T; t++) {
+                    __m256 acc[8];
+                    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+                    for (int64_t c = 0; c < hs; c += 8) {
+                        __m256 qc = _mm256_loadu_ps(qh + t * q_t + c);
+                        for (int i = 0; i < 8; i++)
+                            acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(kh + (j + i) * hs + c), qc, acc[i]);
+                    }
+                    _mm256_storeu_ps(ph + t * K + j, _mm256_mul_ps(sum8x8(acc), _mm256_set1_ps(scale)));
+                }
+            }
+            for (; j < K; j++) /* the last K % 8 keys */
+                for (int64_t t = 0; t < T; t++) ph[t * K + j] = scale * dot(qh + t * q_t, kh + j * hs, hs);
+
+            /* 2. softmax of row t over the keys it sees, [0, seen); the rest get 0 */
+            float inv_sum[T];
             for (int64_t t = 0; t < T; t++) {
-                __m256 acc[8];
-                for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-                for (int64_t c = 0; c < hs; c += 8) {
-                    __m256 qc = _mm256_loadu_ps(qh + t * q_t + c);
-                    for (int i = 0; i < 8; i++)
-                        acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(kh + (j + i) * hs + c), qc, acc[i]);
+                float *row = ph + t * K;
+                const int64_t seen = K - T + t + 1;
+                float max = row[0];
+                for (int64_t i = 1; i < seen; i++) max = row[i] > max ? row[i] : max;
+                __m256 vmax = _mm256_set1_ps(max), vsum = _mm256_setzero_ps();
+                int64_t i = 0;
+                for (; i + 8 <= seen; i += 8) {
+                    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + i), vmax));
+                    _mm256_storeu_ps(row + i, e);
+                    vsum = _mm256_add_ps(vsum, e);
                 }
-                _mm256_storeu_ps(ph + t * K + j, _mm256_mul_ps(sum8x8(acc), _mm256_set1_ps(scale)));
+                float sum = sum8(vsum);
+                if (i < seen) { /* the last seen % 8 keys, through a padded register */
+                    float tail[8];
+                    for (int l = 0; l < 8; l++) tail[l] = i + l < seen ? row[i + l] - max : -100.0f;
+                    _mm256_storeu_ps(tail, exp8(_mm256_loadu_ps(tail)));
+                    for (int64_t l = 0; i + l < seen; l++) {
+                        row[i + l] = tail[l];
+                        sum += tail[l];
+                    }
+                }
+                for (int64_t l = seen; l < K; l++) row[l] = 0.0f;
+                inv_sum[t] = 1.0f / sum;
             }
-        }
-        for (; j < K; j++) /* the last K % 8 keys */
-            for (int64_t t = 0; t < T; t++) ph[t * K + j] = scale * dot(qh + t * q_t, kh + j * hs, hs);
 
-        /* 2. softmax of row t over the keys it sees, [0, seen); the rest get 0 */
-        float inv_sum[T];
-        for (int64_t t = 0; t < T; t++) {
-            float *row = ph + t * K;
-            const int64_t seen = K - T + t + 1;
-            float max = row[0];
-            for (int64_t i = 1; i < seen; i++) max = row[i] > max ? row[i] : max;
-            __m256 vmax = _mm256_set1_ps(max), vsum = _mm256_setzero_ps();
-            int64_t i = 0;
-            for (; i + 8 <= seen; i += 8) {
-                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + i), vmax));
-                _mm256_storeu_ps(row + i, e);
-                vsum = _mm256_add_ps(vsum, e);
-            }
-            float sum = sum8(vsum);
-            if (i < seen) { /* the last seen % 8 keys, through a padded register */
-                float tail[8];
-                for (int l = 0; l < 8; l++) tail[l] = i + l < seen ? row[i + l] - max : -100.0f;
-                _mm256_storeu_ps(tail, exp8(_mm256_loadu_ps(tail)));
-                for (int64_t l = 0; i + l < seen; l++) {
-                    row[i + l] = tail[l];
-                    sum += tail[l];
+            /* 3. y_t = sum_j p[t][j] v_j / sum, 8 lanes of hs at a time in registers */
+            for (int64_t t = 0; t < T; t++) {
+                const float *row = ph + t * K;
+                const int64_t seen = K - T + t + 1;
+                float *yt = y + ((b * T + t) * nh + h) * hs;
+                for (int64_t c0 = 0; c0 < hs; c0 += 64) { /* 64 lanes = 8 registers */
+                    const int64_t width = hs - c0 < 64 ? hs - c0 : 64;
+                    __m256 acc[8];
+                    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+                    for (int64_t jj = 0; jj < seen; jj++) {
+                        __m256 pj = _mm256_set1_ps(row[jj]);
+                        const float *vj = vh + jj * hs + c0;
+                        for (int i = 0; i < width / 8; i++)
+                            acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+                    }
+                    __m256 s = _mm256_set1_ps(inv_sum[t]);
+                    for (int i = 0; i < width / 8; i++) _mm256_storeu_ps(yt + c0 + 8 * i, _mm256_mul_ps(acc[i], s));
                 }
             }
-            for (int64_t l = seen; l < K; l++) row[l] = 0.0f;
-            inv_sum[t] = 1.0f / sum;
         }
-
-        /* 3. y_t = sum_j p[t][j] v_j / sum, 8 lanes of hs at a time in registers */
-        for (int64_t t = 0; t < T; t++) {
-            const float *row = ph + t * K;
-            const int64_t seen = K - T + t + 1;
-            float *yt = y + ((b * T + t) * nh + h) * hs;
-            for (int64_t c0 = 0; c0 < hs; c0 += 64) { /* 64 lanes = 8 registers */
-                const int64_t width = hs - c0 < 64 ? hs - c0 : 64;
-                __m256 acc[8];
-                for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-                for (int64_t jj = 0; jj < seen; jj++) {
-                    __m256 pj = _mm256_set1_ps(row[jj]);
-                    const float *vj = vh + jj * hs + c0;
-                    for (int i = 0; i < width / 8; i++)
-                        acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
-                }
-                __m256 s = _mm256_set1_ps(inv_sum[t]);
-                for (int i = 0; i < width / 8; i++) _mm256_storeu_ps(yt + c0 + 8 * i, _mm256_mul_ps(acc[i], s));
-            }
-        }
+        free(ph);
     }
 }

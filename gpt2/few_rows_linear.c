@@ -21,11 +21,25 @@
  * x: 14 accumulators + 2 registers of W fill AVX2's 16 registers (x is read
  * straight from L1/L2 by the multiply-add). Per 16 weights read: 2 loads of
  * W, up to 7 loads of x, up to 14 fused multiply-adds. (Tiles of 5 and 6
- * rows measured the same at N <= 5 and slower at N = 6, 7.) Tiles are split
- * across threads by output pairs (OpenMP: the runtime PyTorch already loaded).
+ * rows measured the same at N <= 5 and slower at N = 6, 7.) Each thread takes
+ * one contiguous range of output pairs (OpenMP: the runtime PyTorch already
+ * loaded).
+ *
+ * Optionally, the work around the product is done in the same call, since a
+ * decode step is short enough that every extra PyTorch op shows (gpt2/linear.py
+ * says what it buys): a layer norm of x before it (once, into a scratch copy),
+ * and GPT-2's GELU and a residual added after it, each thread on its own
+ * outputs while they are still in cache:
+ *
+ *     y = residual + gelu(layer_norm(x) W^T + b)
  */
 #include <immintrin.h>
+#include <math.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
+
+#include "vector_math.h"
 
 #define MAX_TILE_ROWS 7
 /* Prefetch W this many floats ahead (6 KiB) into L2 (_MM_HINT_T2). With N > 1
@@ -38,13 +52,6 @@
  * at 8 and 12 KiB or into L1+L2 (_MM_HINT_T1). At N = 1 the hardware prefetcher
  * alone is as fast or faster (step 3-10% slower with it), so it is skipped. */
 #define PREFETCH_FLOATS 1536
-
-static inline float sum8(__m256 v) { /* the 8 lanes of v, added */
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_hadd_ps(s, s);
-    s = _mm_hadd_ps(s, s);
-    return _mm_cvtss_f32(s);
-}
 
 /* y[r, o] and y[r, o + 1] for rows r < n_rows of x (n_rows is a constant at
  * every call site, so the accumulators live in registers). */
@@ -74,26 +81,89 @@ static inline __attribute__((always_inline)) void pair_tile(
     }
 }
 
-/* x: (N, IN) row-major; packed: (ceil(OUT / 2), IN / 8, 2, 8); bias: (OUT,)
- * or NULL; y: (N, OUT) row-major, every element written. */
-void few_rows_linear(const float *x, const float *packed, const float *bias, float *y,
-                     int64_t n, int64_t in, int64_t out) {
-    int64_t pairs = (out + 1) / 2;
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < pairs; p++) {
-        const float *w_pair = packed + p * 2 * in;
-        for (int64_t r0 = 0; r0 < n; r0 += MAX_TILE_ROWS) { /* W's pair stays in L1 across tiles */
-            const float *xt = x + r0 * in;
-            float *yt = y + r0 * out;
-            switch (n - r0 < MAX_TILE_ROWS ? n - r0 : MAX_TILE_ROWS) {
-                case 1: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 1); break;
-                case 2: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 2); break;
-                case 3: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 3); break;
-                case 4: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 4); break;
-                case 5: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 5); break;
-                case 6: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 6); break;
-                default: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 7); break;
-            }
+/* xn[r] = (x[r] - mean) / sqrt(var + eps) * weight + bias for each row r: the
+ * layer norm over IN features, as torch.nn.LayerNorm (biased variance). */
+static void layer_norm_rows(const float *x, const float *weight, const float *bias, float eps,
+                            float *xn, int64_t n, int64_t in) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * in;
+        float *out = xn + r * in;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < in; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(xr + i));
+        const __m256 mean = _mm256_set1_ps(sum8(acc) / (float)in);
+        acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < in; i += 8) {
+            __m256 d = _mm256_sub_ps(_mm256_loadu_ps(xr + i), mean);
+            acc = _mm256_fmadd_ps(d, d, acc);
+        }
+        const __m256 rstd = _mm256_set1_ps(1.0f / sqrtf(sum8(acc) / (float)in + eps));
+        for (int64_t i = 0; i < in; i += 8) {
+            __m256 z = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + i), mean), rstd);
+            _mm256_storeu_ps(out + i, _mm256_fmadd_ps(z, _mm256_loadu_ps(weight + i), _mm256_loadu_ps(bias + i)));
         }
     }
+}
+
+/* y[c] = gelu(y[c]) if gelu, then += residual[c], for c in [0, count). */
+static void finish(float *y, const float *residual, int gelu, int64_t count) {
+    int64_t c = 0;
+    for (; c + 8 <= count; c += 8) {
+        __m256 v = _mm256_loadu_ps(y + c);
+        if (gelu) v = gelu8(v);
+        if (residual) v = _mm256_add_ps(v, _mm256_loadu_ps(residual + c));
+        _mm256_storeu_ps(y + c, v);
+    }
+    if (c < count) { /* the last count % 8, through a padded register */
+        float tail[8] = {0};
+        for (int64_t l = 0; c + l < count; l++) tail[l] = y[c + l];
+        __m256 v = _mm256_loadu_ps(tail);
+        if (gelu) v = gelu8(v);
+        _mm256_storeu_ps(tail, v);
+        for (int64_t l = 0; c + l < count; l++) y[c + l] = tail[l] + (residual ? residual[c + l] : 0.0f);
+    }
+}
+
+/* x: (N, IN) row-major; packed: (ceil(OUT / 2), IN / 8, 2, 8); bias: (OUT,)
+ * or NULL; y: (N, OUT) row-major, every element written.
+ * norm_weight, norm_bias: (IN,) and eps of a layer norm applied to x first, or
+ * NULL; gelu: nonzero to apply GELU to x W^T + b; residual: (N, OUT) row-major
+ * added last, or NULL. */
+void few_rows_linear(const float *x, const float *packed, const float *bias, float *y,
+                     int64_t n, int64_t in, int64_t out,
+                     const float *norm_weight, const float *norm_bias, float norm_eps,
+                     int gelu, const float *residual) {
+    float *normed = NULL;
+    if (norm_weight) { /* once, before the threads start: N x IN is small */
+        normed = malloc((size_t)(n * in) * sizeof(float));
+        layer_norm_rows(x, norm_weight, norm_bias, norm_eps, normed, n, in);
+        x = normed;
+    }
+    const int64_t pairs = (out + 1) / 2;
+#pragma omp parallel
+    {
+        const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+        const int64_t p_begin = pairs * id / threads, p_end = pairs * (id + 1) / threads;
+        for (int64_t p = p_begin; p < p_end; p++) {
+            const float *w_pair = packed + p * 2 * in;
+            for (int64_t r0 = 0; r0 < n; r0 += MAX_TILE_ROWS) { /* W's pair stays in L1 across tiles */
+                const float *xt = x + r0 * in;
+                float *yt = y + r0 * out;
+                switch (n - r0 < MAX_TILE_ROWS ? n - r0 : MAX_TILE_ROWS) {
+                    case 1: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 1); break;
+                    case 2: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 2); break;
+                    case 3: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 3); break;
+                    case 4: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 4); break;
+                    case 5: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 5); break;
+                    case 6: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 6); break;
+                    default: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 7); break;
+                }
+            }
+        }
+        if (gelu || residual) { /* this thread's outputs [2 p_begin, 2 p_end) of every row */
+            const int64_t c_begin = 2 * p_begin, c_end = 2 * p_end < out ? 2 * p_end : out;
+            for (int64_t r = 0; r < n && c_begin < c_end; r++)
+                finish(y + r * out + c_begin, residual ? residual + r * out + c_begin : NULL, gelu, c_end - c_begin);
+        }
+    }
+    free(normed);
 }

@@ -96,6 +96,26 @@ def test_reference_check_fails_a_kernel_that_ignores_the_causal_rule():
     assert (few_queries_attention(q, k, v) - reference(q, k, v)).abs().max().item() <= ATOL
 
 
+def test_the_kernel_writes_the_new_keys_and_values_into_the_cache_first():
+    """Given k_new and v_new (as self_attention passes them, views of c_attn's
+    output), the kernel stores them at the last T positions of the cache and
+    then attends: the same as writing them first."""
+    kernel_or_skip()
+    B, nh, T, P, hs = 2, 4, 5, 30, 64
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(B, T, 3 * nh * hs, generator=g)  # (B, T, 3C)
+    q, k_new, v_new = qkv.view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
+    cache_k, cache_v = torch.randn(B, nh, P + T + 4, hs, generator=g), torch.randn(B, nh, P + T + 4, hs, generator=g)
+    before_k, before_v = cache_k.clone(), cache_v.clone()
+    k, v = cache_k[:, :, : P + T], cache_v[:, :, : P + T]  # (B, nh, P + T, hs), new positions still stale
+    assert runs_on_kernel(q, k, v)
+    got = few_queries_attention(q, k, v, k_new=k_new, v_new=v_new)
+    assert torch.equal(cache_k[:, :, P : P + T], k_new) and torch.equal(cache_v[:, :, P : P + T], v_new)
+    assert torch.equal(cache_k[:, :, :P], before_k[:, :, :P]) and torch.equal(cache_k[:, :, P + T :], before_k[:, :, P + T :])
+    assert torch.equal(cache_v[:, :, :P], before_v[:, :, :P]) and torch.equal(cache_v[:, :, P + T :], before_v[:, :, P + T :])
+    assert (got - reference(q, k, v)).abs().max().item() <= ATOL
+
+
 def test_large_scores_do_not_overflow():
     """Scores of +-1000 (far outside exp's float32 range before the max is
     subtracted) give the one-hot softmax, not inf or nan."""

@@ -15,18 +15,18 @@ from benchmarks.decode_speed import main
 def test_a_short_run_writes_the_report_and_the_bound(tmp_path, capsys):
     out = tmp_path / "ds"
     args = ["--models", "gpt2", "--repeats", "2", "--warmup", "0", "--ks", "2", "5", "--prefix", "8",
-            "--long", "4", "--no-transformers", "--plain-linear", "--plain-attention", "--bandwidth-mib", "16",
-            "--out", str(out)]
+            "--long", "4", "--no-transformers", "--plain-linear", "--plain-attention", "--module-blocks",
+            "--bandwidth-mib", "16", "--out", str(out)]
     assert run_cli(main, args) == 0
     report = (out / "decode_speed.md").read_text(encoding="utf-8")
-    for label in ("ours", "ours, F.linear + SDPA", "ours, SDPA attention"):
+    for label in ("ours", "ours, Block modules", "ours, F.linear + SDPA", "ours, SDPA attention"):
         assert f"| gpt2 | {label} |" in report
     assert "r_5" in report and "step @12 (ms)" in report and "% of bound @12" in report
     result = json.loads((out / "decode_speed.json").read_text(encoding="utf-8"))["results"][0]
     assert result["contexts"] == {"short": 8, "long": 12}
     # The bound at the long context adds 4 positions of keys and values, 12 layers x 768 floats each, twice.
     assert result["step_bytes"]["long"] - result["step_bytes"]["short"] == 2 * 12 * 4 * 768 * 4
-    assert len(result["implementations"]) == 3
+    assert len(result["implementations"]) == 4
     for entry in result["implementations"].values():
         for slot in ("short", "long"):
             e = entry[slot]

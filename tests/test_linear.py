@@ -72,8 +72,109 @@ def test_kernel_fails_this_check_on_a_wrong_layout():
     x, w = torch.randn(5, 32, generator=g), torch.randn(6, 32, generator=g)
     wrong = w.reshape(3, 2, 4, 8).contiguous()  # pairs not interleaved by 8-float blocks
     y = torch.empty(5, 6)
-    kernel(x.data_ptr(), wrong.data_ptr(), None, y.data_ptr(), 5, 32, 6)
+    kernel(x.data_ptr(), wrong.data_ptr(), None, y.data_ptr(), 5, 32, 6, None, None, 0.0, 0, None)
     assert not torch.allclose(y, reference(x, w, None), rtol=1e-5, atol=1e-4)
+
+
+def fused_reference(x, w, b, norm, gelu, residual, exact_gelu=False):
+    """residual + gelu(norm(x) W^T + b) in float64, rounded to float32."""
+    h = x.double()
+    if norm is not None:
+        h = F.layer_norm(h, norm.normalized_shape, norm.weight.double(), norm.bias.double(), norm.eps)
+    y = F.linear(h, w.double(), None if b is None else b.double())
+    if gelu:
+        y = F.gelu(y, approximate="none" if exact_gelu else "tanh")
+    if residual is not None:
+        y = residual.double() + y
+    return y.float()
+
+
+def fused_case(rows, in_features, out_features, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = 3.0 * torch.randn(rows, in_features, generator=g) + 1.0  # off-centre: the norm has work to do
+    w = torch.randn(out_features, in_features, generator=g) / in_features**0.5  # outputs of unit scale
+    b = torch.randn(out_features, generator=g)
+    norm = torch.nn.LayerNorm(in_features, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(1.0 + 0.5 * torch.randn(in_features, generator=g))
+        norm.bias.copy_(0.5 * torch.randn(in_features, generator=g))
+    residual = torch.randn(rows, out_features, generator=g)
+    return x, w, b, norm, residual
+
+
+# Tolerance 2e-5 on outputs of unit scale: float32 sums in another order, the
+# kernel's float32 layer norm statistics, and its tanh (absolute error ~1e-7).
+FUSED_ATOL = 2e-5
+
+
+@pytest.mark.parametrize("rows", [1, 5, 9])
+@pytest.mark.parametrize("in_features, out_features", [(1280, 5120), (64, 13), (24, 7)])
+@pytest.mark.parametrize("parts", ["norm", "norm+gelu", "residual", "norm+gelu+residual"])
+def test_norm_gelu_and_residual_in_the_kernel_match_the_float64_reference(rows, in_features, out_features, parts):
+    kernel_or_skip()
+    x, w, b, norm, residual = fused_case(rows, in_features, out_features, seed=rows + in_features + out_features)
+    norm = norm if "norm" in parts else None
+    gelu = "gelu" in parts
+    residual = residual if "residual" in parts else None
+    with torch.inference_mode():
+        assert runs_on_kernel(x, w, b, norm, residual)
+        y = linear(x, w, b, norm=norm, gelu=gelu, residual=residual)
+    expected = fused_reference(x, w, b, norm, gelu, residual)
+    assert (y - expected).abs().max().item() <= FUSED_ATOL
+
+
+def test_the_fused_check_fails_the_exact_gelu_and_a_missing_norm():
+    """The comparison above can fail: GELU with erf instead of tanh (what
+    F.gelu does by default) is off by up to ~5e-4, and skipping the norm by far more."""
+    kernel_or_skip()
+    x, w, b, norm, residual = fused_case(5, 1280, 5120, seed=7)
+    with torch.inference_mode():
+        y = linear(x, w, b, norm=norm, gelu=True)
+    assert (y - fused_reference(x, w, b, norm, True, None)).abs().max().item() <= FUSED_ATOL
+    assert (y - fused_reference(x, w, b, norm, True, None, exact_gelu=True)).abs().max().item() > 10 * FUSED_ATOL
+    assert (y - fused_reference(x, w, b, None, True, None)).abs().max().item() > 10 * FUSED_ATOL
+
+
+def test_gelu_of_large_inputs_stays_finite_and_exact():
+    """tanh through e^(-2|u|) never overflows: outputs of +-200 give x and 0."""
+    kernel_or_skip()
+    x = torch.eye(16)
+    w = torch.diag(torch.tensor([200.0, -200.0, 50.0, -50.0, 1e-4, -1e-4, 0.0, 3.0] * 2))
+    with torch.inference_mode():
+        y = linear(x, w, None, gelu=True).diagonal()
+    expected = F.gelu(w.diagonal().double(), approximate="tanh").float()
+    assert torch.isfinite(y).all()
+    assert (y - expected).abs().max().item() <= 1e-6
+
+
+def test_norm_gelu_and_residual_on_the_readable_path_are_the_plain_ops():
+    x, w, b, norm, residual = fused_case(3, 32, 16, seed=8)
+    x, w, b, residual = x.double(), w.double(), b.double(), residual.double()  # float64: not the kernel
+    norm = norm.double()
+    assert not runs_on_kernel(x, w, b, norm, residual)
+    y = linear(x, w, b, norm=norm, gelu=True, residual=residual)
+    assert torch.equal(y, residual + F.gelu(F.linear(norm(x), w, b), approximate="tanh"))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["residual of another shape", "non-contiguous residual", "norm over more than the features", "norm without affine"],
+)
+def test_what_the_fused_kernel_cannot_take_is_the_plain_ops(case):
+    kernel_or_skip()
+    x, w, b, norm, residual = fused_case(3, 32, 16, seed=9)
+    if case == "residual of another shape":
+        residual = residual[:1]  # (1, out): broadcast by the plain add
+    if case == "non-contiguous residual":
+        residual = torch.randn(16, 3).t()
+    if case == "norm over more than the features":
+        norm = torch.nn.LayerNorm((3, 32))  # normalises the whole (3, 32) x at once
+    if case == "norm without affine":
+        norm = torch.nn.LayerNorm(32, elementwise_affine=False)
+    with torch.inference_mode():
+        assert not runs_on_kernel(x, w, b, norm, residual)
+        y = linear(x, w, b, norm=norm, gelu=True, residual=residual)
+        assert torch.equal(y, residual + F.gelu(F.linear(norm(x), w, b), approximate="tanh"))
 
 
 def test_batched_and_strided_input_keep_their_shape():

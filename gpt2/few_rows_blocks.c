@@ -1,0 +1,69 @@
+/* All n_layer blocks of GPT-2 for a few new tokens (a decode step or a
+ * verification pass) in one call: the kernels of few_rows_linear.c and
+ * few_queries_attention.c, called in the order gpt2/model.py's Block.forward
+ * calls them, with no Python in between.
+ *
+ * Legend: B = batch, T = new tokens, N = B * T rows, C = n_embd, nh = heads,
+ * hs = C / nh, S = the cache's capacity (n_ctx).
+ *
+ * Why it exists (measured in gpt2/block_loop.py): each Python and PyTorch op
+ * between two kernel calls runs with caches that the kernel just filled with
+ * weights, and costs 5-10x what it costs in a loop; the ~10 ops of each
+ * block's Python added ~10 ms to a ~110 ms gpt2-large step. Here a block is
+ * five calls, back to back:
+ *
+ *     qkv = ln_1(x) W_attn^T + b_attn                     few_rows_linear
+ *     y   = attention(q, cache + (k, v))                  few_queries_attention
+ *     x2  = x + y W_proj^T + b_proj                       few_rows_linear
+ *     h   = gelu(ln_2(x2) W_fc^T + b_fc)                  few_rows_linear
+ *     x   = x2 + h W_mlp_proj^T + b_mlp_proj              few_rows_linear
+ */
+#include <math.h>
+#include <stdint.h>
+
+void few_rows_linear(const float *x, const float *packed, const float *bias, float *y,
+                     int64_t n, int64_t in, int64_t out,
+                     const float *norm_weight, const float *norm_bias, float norm_eps,
+                     int gelu, const float *residual);
+
+void few_queries_attention(const float *q, const float *k_new, const float *v_new, float *k, float *v, float *y,
+                           int64_t B, int64_t nh, int64_t T, int64_t K, int64_t hs,
+                           int64_t q_b, int64_t q_h, int64_t q_t, int64_t kv_b, int64_t kv_h, float scale);
+
+/* One block's parameters as data pointers: the layer norms' weight and bias
+ * (C,), each linear layer's pair-packed weight (see few_rows_linear.c) and
+ * bias. Mirrored by BlockPointers in gpt2/block_loop.py. */
+typedef struct {
+    const float *ln_1_weight, *ln_1_bias;
+    const float *c_attn, *c_attn_bias;       /* C -> 3C */
+    const float *attn_proj, *attn_proj_bias; /* C -> C */
+    const float *ln_2_weight, *ln_2_bias;
+    const float *c_fc, *c_fc_bias;           /* C -> 4C */
+    const float *mlp_proj, *mlp_proj_bias;   /* 4C -> C */
+} BlockPointers;
+
+/* x: (N, C) row-major, the blocks' input, overwritten with their output.
+ * scratch: 9 N C floats. k_cache, v_cache: (L, B, nh, S, hs) with strides
+ * (layer_stride, kv_b, kv_h, hs, 1); positions [0, start) hold the earlier
+ * tokens, and the T new ones are written at [start, start + T). */
+void few_rows_blocks(const BlockPointers *blocks, int64_t n_layer, float *x, float *scratch,
+                     int64_t B, int64_t T, int64_t C, int64_t nh, float eps,
+                     float *k_cache, float *v_cache, int64_t layer_stride, int64_t kv_b, int64_t kv_h,
+                     int64_t start) {
+    const int64_t N = B * T, hs = C / nh;
+    float *qkv = scratch;          /* (N, 3C) */
+    float *y = qkv + N * 3 * C;    /* (N, C) */
+    float *x2 = y + N * C;         /* (N, C) */
+    float *h = x2 + N * C;         /* (N, 4C) */
+    const float scale = 1.0f / sqrtf((float)hs);
+    for (int64_t l = 0; l < n_layer; l++) {
+        const BlockPointers *b = &blocks[l];
+        few_rows_linear(x, b->c_attn, b->c_attn_bias, qkv, N, C, 3 * C, b->ln_1_weight, b->ln_1_bias, eps, 0, 0);
+        /* q, k, v of token (b, t), head h at qkv + (b T + t) 3C + {0, C, 2C} + h hs */
+        few_queries_attention(qkv, qkv + C, qkv + 2 * C, k_cache + l * layer_stride, v_cache + l * layer_stride, y,
+                              B, nh, T, start + T, hs, T * 3 * C, hs, 3 * C, kv_b, kv_h, scale);
+        few_rows_linear(y, b->attn_proj, b->attn_proj_bias, x2, N, C, C, 0, 0, 0.0f, 0, x);
+        few_rows_linear(x2, b->c_fc, b->c_fc_bias, h, N, C, 4 * C, b->ln_2_weight, b->ln_2_bias, eps, 1, 0);
+        few_rows_linear(h, b->mlp_proj, b->mlp_proj_bias, x, N, 4 * C, C, 0, 0, 0.0f, 0, x2);
+    }
+}
