@@ -117,7 +117,8 @@ class OursRunner:
         model: the model.
         plain: "linear": every matrix product through F.linear and attention
             through SDPA (`gpt2.linear.plain_linear`: the readable path);
-            "attention": attention through SDPA only (`plain_attention`);
+            "attention": attention through SDPA (`plain_attention`), the
+            linear kernel kept, so through the Block modules;
             "blocks": the kernels, called from the Block modules one by one
             instead of the one-call block loop (`module_blocks`);
             None: the fast paths. To show what each speed trick buys.
@@ -424,7 +425,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plain-linear", action="store_true",
                    help="also time our model on the readable path: F.linear and SDPA everywhere")
     p.add_argument("--plain-attention", action="store_true",
-                   help="also time our model with SDPA attention (the linear kernel kept)")
+                   help="also time our model with SDPA attention (the linear kernel kept, the Block modules called)")
     p.add_argument("--module-blocks", action="store_true",
                    help="also time our model calling its Block modules one by one (the kernels kept)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers (it need not be installed)")

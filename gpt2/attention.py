@@ -1,7 +1,4 @@
-"""Causal self-attention over the KV cache, behind one function
-(`causal_attention`), and a GPT-2 block's attention around it
-(`self_attention`: split c_attn's output into heads, store the new keys and
-values in the cache, attend).
+"""Causal self-attention over the KV cache, behind one function.
 
 Legend: B = batch, nh = heads, T = new tokens (queries), K = keys (the P cached
 positions plus the T new ones), hs = head size, C = nh * hs.
@@ -38,12 +35,6 @@ few_queries_attention.c instead:
   its exp: max abs difference to a float64 reference 1e-6 to 3.4e-6 on
   unit-scale inputs (tests/test_attention.py allows 1e-5).
 
-With a cache, `self_attention` lets the kernel copy the new keys and values
-into the cache itself (it reads them from c_attn's output where q is), which
-saves the two cache writes and the views around them: in a decode step these
-small ops ran at ~120 us per layer instead of the ~17 us they take in a loop
-(the caches are full of weights; see gpt2/block_loop.py).
-
 `plain_attention()` switches this kernel off; `plain_linear()` and
 GPT2_PLAIN_LINEAR=1 (gpt2/linear.py) switch it off as well, with the linear
 kernel: they give the readable path everywhere.
@@ -60,7 +51,6 @@ import torch.nn.functional as F
 
 from gpt2 import c_kernel
 from gpt2 import linear as gpt2_linear
-from gpt2.kv_cache import KVCache
 
 # The kernel takes decode steps and verification passes; a prompt's prefill
 # (more queries, and no cache to read) goes to SDPA.
@@ -136,74 +126,21 @@ def runs_on_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     )
 
 
-def few_queries_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    k_new: torch.Tensor | None = None,
-    v_new: torch.Tensor | None = None,
-) -> torch.Tensor:
+def few_queries_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """`causal_attention` on the C kernel (see `runs_on_kernel` for what it takes).
 
-    Args:
-        q, k, v: as `causal_attention`.
-        k_new, v_new: (B, nh, T, hs) keys and values of the T new positions,
-            laid out like q, which the kernel first copies into the last T
-            positions of k and v (views into the KV cache); or None where
-            they are already there.
-
-    Returns: as `causal_attention`.
+    Args and Returns: as `causal_attention`.
     """
     kernel = c_kernel.load_attention()
     assert kernel is not None, "few_queries_attention needs the C kernel: check runs_on_kernel first"
     B, nh, T, hs = q.shape
     K = k.size(2)
-    if k_new is not None:
-        assert v_new is not None and k_new.shape == v_new.shape == q.shape, "k_new and v_new come with q's shape"
-        assert k_new.stride() == v_new.stride() == q.stride(), "k_new and v_new are laid out like q"
     y = torch.empty(B, T, nh * hs, dtype=q.dtype)  # (B, T, C), every element written by the kernel
     kernel(
-        q.data_ptr(),
-        None if k_new is None else k_new.data_ptr(),
-        None if v_new is None else v_new.data_ptr(),
+        q.data_ptr(), None, None,  # no new keys and values to store first: they are in k and v
         k.data_ptr(), v.data_ptr(), y.data_ptr(),
         B, nh, T, K, hs,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
         1.0 / math.sqrt(hs),
     )
     return y
-
-
-def self_attention(
-    qkv: torch.Tensor, n_head: int, cache: KVCache | None, layer: int, start: int
-) -> torch.Tensor:
-    """The attention of a GPT-2 block: splits `c_attn`'s output into heads,
-    stores the new keys and values in `cache` at [start, start + T) (if
-    given), and attends causally over everything cached so far.
-
-    On the kernel path the keys and values are copied into the cache by the
-    attention kernel itself (one C call instead of three PyTorch ops); the
-    readable path is the `cache.write` and `causal_attention` below.
-
-    Args:
-        qkv: (B, T, 3C), the queries, keys and values of the T new positions.
-        n_head: nh.
-        cache: the model's KVCache holding `start` positions, or None (then
-            the T positions are the whole sequence).
-        layer: the block index, i.e. which of the cache's layers.
-        start: the position of the first new token, the cache's length.
-
-    Returns:
-        (B, T, C): the heads side by side, ready for the output projection.
-    """
-    B, T, C3 = qkv.shape
-    hs = C3 // (3 * n_head)
-    q, k, v = qkv.view(B, T, 3, n_head, hs).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
-    if cache is None:
-        return causal_attention(q, k, v)
-    k_cache, v_cache = cache.layer(layer, start + T)  # (B, nh, start + T, hs) x 2
-    if runs_on_kernel(q, k_cache, v_cache):  # k and v are views of qkv like q: laid out alike
-        return few_queries_attention(q, k_cache, v_cache, k_new=k, v_new=v)
-    k, v = cache.write(layer, start, k, v)  # (B, nh, start + T, hs)
-    return causal_attention(q, k, v)

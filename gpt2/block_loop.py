@@ -1,30 +1,43 @@
-"""All of GPT-2's blocks for a few new tokens in one C call: the decode step's
-speed trick that is about Python rather than arithmetic.
+"""All of GPT-2's blocks for a few new tokens in one C call: the speed trick
+of a decode step that is about the work between the matrix products.
 
 Legend: B = batch, T = new tokens, C = n_embd, L = n_layer.
 
-`GPT2.forward` runs its blocks with `block_loop` instead of calling each
-`Block` module whenever `runs_block_loop` says it can: CPU, float32, no
-gradient, a KV cache, and few enough new tokens for the kernels (a decode
-step, a verification pass). The block loop in few_rows_blocks.c makes, per
-block, the same five kernel calls that `Block.forward` makes through
-`linear.linear` and `attention.self_attention`, with the same arguments, so
-the results are the same bits; what goes away is the Python in between.
+`GPT2.forward` hands its blocks to `block_loop` whenever it can take them:
+CPU, float32, no gradient, a KV cache, and few enough new tokens for the
+kernels (a decode step, a verification pass). few_rows_blocks.c then computes,
+for each block, what `Block.forward` computes, in five kernel calls:
 
-- What it buys: a decode step's kernels stream ~3 GB of weights through the
-  caches, so every Python and PyTorch op between two of them runs with cold
-  caches and costs 5-10x what it costs in a tight loop (`self_attention`'s
-  few views and checks: 17 us in a loop, ~120 us inside a step). Measured on
-  the gpt2-large shape, 100 cached positions, fp32, 2 threads, interleaved
-  runs in one process: the step through the `Block` modules took 10-15 ms
-  longer than the same kernel calls issued back to back (median of 14
-  pairs: 12 ms of a 134 ms step; 10 ms of 118 ms in another run).
-- What it costs: a table of data pointers, built again at every call from
-  the current parameters (`block_pointers`), so a weight that was changed or
-  moved is never read stale; and this second wiring of a block, which
-  tests/test_block_loop.py holds equal to `Block.forward`. Forward hooks on
-  the blocks are not called on this path (`module_blocks()` switches it off;
-  `plain_linear()` gives the readable path everywhere).
+    qkv = ln_1(x) W_attn^T + b_attn          few_rows_linear, layer norm inside
+    y   = attention(q, cache + (k, v))       few_queries_attention, writing k, v
+    x2  = x + y W_proj^T + b_proj            few_rows_linear, residual inside
+    h   = gelu(ln_2(x2) W_fc^T + b_fc)       few_rows_linear, norm and GELU inside
+    x   = x2 + h W_mlp_proj^T + b_mlp_proj   few_rows_linear, residual inside
+
+- What it buys: the Python of the Block modules and the ~10 small PyTorch ops
+  per block around the kernels (layer norms, GELU, residual additions, the
+  cache writes, views). A decode step's kernels stream ~3 GB of weights
+  through the caches, so each of those ops runs with cold caches and costs
+  5-10x what it costs in a tight loop. Measured on the whole forward pass,
+  100 cached positions, fp32, 2 Zen 4 EPYC cores, medians of 12 interleaved
+  repeats (`python -m benchmarks.decode_speed --module-blocks`), ms:
+
+                       Block modules   block_loop
+      gpt2-large step       97.9          88.6
+      gpt2-large t_v(5)    108.7          99.7
+      gpt2 step             20.2          17.0
+      gpt2 t_v(5)           22.5          17.7
+
+  (at 600 cached positions: 1.12x and 1.09x for gpt2-large): the step from
+  83% to 89% of the memory-bandwidth bound.
+- What it costs: this second wiring of a block, which tests/test_block_loop.py
+  holds equal to `Block.forward` (up to floating-point rounding: the
+  kernel's float32 layer norm and GELU, within 4e-6 of a float64 reference
+  on unit-scale values, tests/test_linear.py); and a table of data pointers
+  to the current parameters (`block_pointers`), rebuilt whenever a parameter
+  changes, so that a weight that was changed or moved is never read stale.
+  Forward hooks on the blocks are not called on this path; `module_blocks()`
+  switches it off, and `plain_linear()` gives the readable path everywhere.
 """
 
 from __future__ import annotations
@@ -79,10 +92,11 @@ def module_blocks() -> Iterator[None]:
 
 def runs_block_loop(model: GPT2, x: torch.Tensor, cache: KVCache | None) -> bool:
     """The block loop can take this forward pass: it is switched on (not in
-    `module_blocks()`), both kernels are switched on and built, x is CPU float32 with B * T <= KERNEL_MAX_ROWS rows and T <=
-    KERNEL_MAX_QUERIES, there is a float32 CPU cache, head size and width are
-    multiples of 8, and no gradient is to be recorded. (Each parameter is
-    checked as its pointer is taken, in `block_pointers`.)"""
+    `module_blocks()`), both kernels are switched on and built, x is CPU
+    float32 with B * T <= KERNEL_MAX_ROWS rows and T <= KERNEL_MAX_QUERIES,
+    there is a float32 CPU cache, head size and width are multiples of 8,
+    and no gradient is to be recorded. (Each parameter is checked as its
+    pointer is taken, in `block_pointers`.)"""
     if not _use_loop or cache is None or not attention.kernel_enabled() or c_kernel.load_blocks() is None:
         return False
     B, T, C = x.shape
@@ -162,22 +176,23 @@ def block_pointers(model: GPT2) -> ctypes.Array | None:
     return table
 
 
-def block_loop(model: GPT2, x: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor | None:
-    """`for block in model.h: x = block(x, cache, start)` in one C call (check
-    `runs_block_loop` first). The T new keys and values go into `cache` at
-    [start, start + T), as the blocks would put them.
+def block_loop(model: GPT2, x: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor | None:
+    """`for block in model.h: x = block(x, cache, start)` in one C call, if
+    it can take this pass (`runs_block_loop`, and every parameter readable
+    by the kernels: `block_pointers`); otherwise None, and nothing is done.
+    The T new keys and values go into `cache` at [start, start + T), as the
+    blocks would put them.
 
     Args:
         x: (B, T, C), the blocks' input (embeddings).
-        cache: the model's KVCache holding `start` positions.
+        cache: the model's KVCache holding `start` positions, or None.
         start: the position of the first new token.
 
     Returns:
-        (B, T, C), the last block's output; None (nothing done) if a
-        parameter cannot be read by the kernel (see `block_pointers`).
+        (B, T, C), the last block's output, or None.
     """
-    kernel = c_kernel.load_blocks()
-    assert kernel is not None, "block_loop needs the C kernels: check runs_block_loop first"
+    if not runs_block_loop(model, x, cache):
+        return None
     table = block_pointers(model)
     if table is None:
         return None
@@ -186,10 +201,11 @@ def block_loop(model: GPT2, x: torch.Tensor, cache: KVCache, start: int) -> torc
     out = x.contiguous().clone()  # (B, T, C): the kernel updates it in place, block after block
     scratch = torch.empty(9 * B * T * C, dtype=x.dtype)  # qkv (3C), y (C), x2 (C), h (4C) per row
     k, v = cache.k, cache.v  # (L, B, nh, S, hs) x 2
+    kernel = c_kernel.load_blocks()
     kernel(
         table, len(model.h), out.data_ptr(), scratch.data_ptr(),
         B, T, C, model.config.n_head, model.config.layer_norm_epsilon,
         k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
         start,
-    )  # fmt: skip
+    )
     return out

@@ -16,7 +16,7 @@
  * rule of the model: the T new tokens are the last T positions).
  *
  * Per (b, h), after copying the T new keys and values into the cache (when
- * given separately, as in a decode step: it saves two PyTorch ops per layer),
+ * given separately, as the block loop of few_rows_blocks.c gives them),
  * in three passes:
  *   1. scores s[t][j] = scale * q_t . k_j, keys in blocks of 8 (one block
  *      stays in L1 while every query is scored against it);

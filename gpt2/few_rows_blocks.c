@@ -1,16 +1,16 @@
 /* All n_layer blocks of GPT-2 for a few new tokens (a decode step or a
- * verification pass) in one call: the kernels of few_rows_linear.c and
- * few_queries_attention.c, called in the order gpt2/model.py's Block.forward
- * calls them, with no Python in between.
+ * verification pass) in one call: what gpt2/model.py's Block.forward
+ * computes, as five calls of the kernels of few_rows_linear.c and
+ * few_queries_attention.c per block, with no Python in between.
  *
  * Legend: B = batch, T = new tokens, N = B * T rows, C = n_embd, nh = heads,
  * hs = C / nh, S = the cache's capacity (n_ctx).
  *
  * Why it exists (measured in gpt2/block_loop.py): each Python and PyTorch op
  * between two kernel calls runs with caches that the kernel just filled with
- * weights, and costs 5-10x what it costs in a loop; the ~10 ops of each
- * block's Python added ~10 ms to a ~110 ms gpt2-large step. Here a block is
- * five calls, back to back:
+ * weights, and costs 5-10x what it costs in a loop. Here a block is five
+ * calls, back to back, with the layer norms, GELU, residual additions and
+ * cache writes done inside them:
  *
  *     qkv = ln_1(x) W_attn^T + b_attn                     few_rows_linear
  *     y   = attention(q, cache + (k, v))                  few_queries_attention

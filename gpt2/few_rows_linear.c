@@ -25,11 +25,11 @@
  * one contiguous range of output pairs (OpenMP: the runtime PyTorch already
  * loaded).
  *
- * Optionally, the work around the product is done in the same call, since a
- * decode step is short enough that every extra PyTorch op shows (gpt2/linear.py
- * says what it buys): a layer norm of x before it (once, into a scratch copy),
- * and GPT-2's GELU and a residual added after it, each thread on its own
- * outputs while they are still in cache:
+ * Optionally, the work around the product is done in the same call, for the
+ * block loop of few_rows_blocks.c (gpt2/block_loop.py says what it buys): a
+ * layer norm of x before it (once, into a scratch copy), and GPT-2's GELU and
+ * a residual added after it, each thread on its own outputs while they are
+ * still in cache:
  *
  *     y = residual + gelu(layer_norm(x) W^T + b)
  */

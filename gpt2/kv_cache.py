@@ -57,12 +57,6 @@ class KVCache:
                 f"window is {self.capacity}: use a shorter prompt or fewer new tokens"
             )
 
-    def layer(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of `layer` at positions [0, end): two (B, nh, end, hs)
-        views into the buffers (no copy)."""
-        assert end <= self.capacity, f"positions [0, {end}) past capacity {self.capacity}"
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, end, hs) x 2
-
     def write(
         self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +76,7 @@ class KVCache:
         assert end <= self.capacity, f"cache write [{start}, {end}) past capacity {self.capacity}"
         self.k[layer, :, :, start:end] = k  # (B, nh, T, hs) into (B, nh, S, hs)
         self.v[layer, :, :, start:end] = v
-        return self.layer(layer, end)  # (B, nh, start + T, hs) x 2
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, start + T, hs)
 
     def rewind(self, length: int) -> None:
         """Forgets every position from `length` on, in O(1): no copy, no recompute."""

@@ -56,21 +56,9 @@ the one speed trick of this file:
 - Results: equal up to floating-point reassociation (the sums run in another
   order: max abs difference of gpt2-shape logits to `F.linear` ~4e-6).
 
-`linear` also takes the layer norm before a product and the GELU and the
-residual addition after it (`norm=`, `gelu=`, `residual=`): a GPT-2 block is
-then four `linear` calls and one attention call. On the readable path these
-are the plain ops (`norm(x)`, `F.gelu`, `+`); the kernel does them in the same
-call (the norm once before the threads start, GELU and residual on each
-thread's own outputs). What it buys: a decode step is ~40 small PyTorch ops
-shorter, and such an op between two kernel calls, with the caches full of
-weights, costs ~10-30 us rather than the 2-10 us it costs in a loop. On the
-gpt2-large forward (100 cached positions; 2 Zen 4 cores, fp32; the model
-before and after this change side by side in one process, 10 interleaved
-repeats; time before / after): step 1.09x and 1.02x in two runs, t_v(5)
-1.26x and 1.08x, and at 600 positions 1.21x / 1.01x and 1.21x / 1.04x. The
-same calls, in the same order, are what gpt2/block_loop.py makes from C.
-Tolerance: the kernel's GELU and layer norm are within 4e-6 of a float64
-reference on unit-scale outputs (tests/test_linear.py allows 2e-5).
+few_rows_linear.c can also apply a layer norm before the product and GELU
+and a residual addition after it, in the same call; only the block loop of
+gpt2/block_loop.py uses that (here those are the model's own PyTorch ops).
 
 Set the environment variable GPT2_PLAIN_LINEAR=1 to run `F.linear` everywhere
 (or use `with plain_linear():`), for comparison or debugging; attention then
@@ -102,75 +90,33 @@ KERNEL_MAX_ROWS = 48
 _use_kernel = not PLAIN_LINEAR
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    norm: nn.LayerNorm | None = None,
-    gelu: bool = False,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """y = residual + gelu(norm(x) W^T + b), through the fastest path for the
-    device (see the module docstring); norm, gelu and residual are optional.
-
-    The layer norm before a product and the GELU and residual after it are
-    part of this call so that the kernel can do them in the same pass (a
-    decode step has 4 products per block, and each PyTorch op around them
-    costs ~10 us; see `few_rows_linear`). The readable path below is the
-    definition.
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T + b, through the fastest path for the device (see the module docstring).
 
     Args:
         x: (..., in) activations.
         weight: (out, in), the `nn.Linear` layout.
         bias: (out,) or None.
-        norm: a LayerNorm over the `in` features, applied to x first, or None.
-        gelu: apply GPT-2's tanh-approximated GELU to x W^T + b.
-        residual: (..., out), added last, or None.
 
     Returns:
         (..., out), in x's dtype, on x's device.
     """
-    if runs_on_kernel(x, weight, bias, norm, residual):
-        return few_rows_linear(x, weight, bias, norm=norm, gelu=gelu, residual=residual)
-    if norm is not None:
-        x = norm(x)  # (..., in)
-    y = F.linear(x, weight, bias)  # (..., in) x (in, out) -> (..., out)
-    if gelu:
-        y = F.gelu(y, approximate="tanh")  # GPT-2's "gelu_new"
-    if residual is not None:
-        y = residual + y  # (..., out)
-    return y
+    if runs_on_kernel(x, weight, bias):
+        return few_rows_linear(x, weight, bias)
+    return F.linear(x, weight, bias)  # (..., in) x (in, out) -> (..., out)
 
 
-def runs_on_kernel(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    norm: nn.LayerNorm | None = None,
-    residual: torch.Tensor | None = None,
-) -> bool:
+def runs_on_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """The kernel takes `weight` (`kernel_takes`), x is CPU float32 with 1 to
-    KERNEL_MAX_ROWS rows, every other tensor is CPU float32 and contiguous
-    (the norm a LayerNorm over `in` with weight and bias, the residual of the
-    output's shape), and no gradient is to be recorded (the kernel has no
+    KERNEL_MAX_ROWS rows, and no gradient is to be recorded (the kernel has no
     backward)."""
-    # (Cheap checks first, once each: this runs before each of the ~150 products of a decode step.)
-    if not x.is_cpu or x.dtype != torch.float32 or x.shape[-1] != weight.shape[-1]:
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[-1] != weight.shape[-1]:
         return False
-    others = [bias, residual]
-    if norm is not None:
-        if norm.normalized_shape != (weight.shape[1],):
-            return False
-        others += [norm.weight, norm.bias]  # None where the norm has no affine parameters
-        if others[2] is None or others[3] is None:
-            return False
-    for t in others:
-        if t is not None and (not t.is_cpu or t.dtype != torch.float32 or not t.is_contiguous()):
-            return False
-    if residual is not None and residual.shape != (*x.shape[:-1], weight.shape[0]):
+    if bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu"):
         return False
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [x, weight, *others]):
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
         return False
     rows = x.numel() // weight.shape[1]
     return 1 <= rows <= KERNEL_MAX_ROWS and kernel_takes(weight)
@@ -179,7 +125,7 @@ def runs_on_kernel(
 def kernel_takes(weight: torch.Tensor) -> bool:
     """Products with this (out, in) weight can run on the kernel: it is CPU
     float32 with `in` a multiple of 8, the kernel is switched on and built."""
-    if not _use_kernel or not weight.is_cpu or weight.dtype != torch.float32:
+    if not _use_kernel or weight.device.type != "cpu" or weight.dtype != torch.float32:
         return False
     return weight.dim() == 2 and weight.shape[1] % 8 == 0 and c_kernel.load() is not None
 
@@ -225,18 +171,9 @@ def describe() -> str:
     return c_kernel.status()
 
 
-def few_rows_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    norm: nn.LayerNorm | None = None,
-    gelu: bool = False,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """`linear` with the C kernel on the pair-packed copy of W (CPU, float32,
-    inference, at most KERNEL_MAX_ROWS rows; see `runs_on_kernel`). The
-    layer norm, GELU and residual are done inside the same call.
+def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T + b with the C kernel on the pair-packed copy of W (CPU,
+    float32, inference, at most KERNEL_MAX_ROWS rows; see `runs_on_kernel`).
 
     Args and Returns: as `linear`.
     """
@@ -245,25 +182,22 @@ def few_rows_linear(
     assert kernel is not None, "few_rows_linear needs the C kernel: check runs_on_kernel first"
     assert bias is None or bias.shape == (out_features,), f"bias {tuple(bias.shape)} for {out_features} outputs"
     rows = x.numel() // in_features
-    x = x if x.is_contiguous() else x.contiguous()  # (..., in), i.e. (N, in) in memory
+    x2 = x.reshape(rows, in_features).contiguous()  # (N, in)
     packed = packed_weight(weight)  # (ceil(out / 2), in / 8, 2, 8)
-    norm_weight, norm_bias = (None, None) if norm is None else (norm.weight, norm.bias)  # (in,) x 2
-    y = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype)  # (..., out), every element written by the kernel
+    b = None if bias is None else bias.contiguous()
+    y = torch.empty(rows, out_features, dtype=x.dtype)  # (N, out), every element written by the kernel
     kernel(
-        x.data_ptr(),
+        x2.data_ptr(),
         packed.data_ptr(),
-        None if bias is None else bias.data_ptr(),
+        None if b is None else b.data_ptr(),
         y.data_ptr(),
         rows,
         in_features,
         out_features,
-        None if norm_weight is None else norm_weight.data_ptr(),
-        None if norm_bias is None else norm_bias.data_ptr(),
-        0.0 if norm is None else norm.eps,
-        1 if gelu else 0,
-        None if residual is None else residual.data_ptr(),
+        None, None, 0.0,  # no layer norm before,
+        0, None,  # no GELU or residual after (gpt2/block_loop.py uses them)
     )
-    return y
+    return y.view(*x.shape[:-1], out_features)  # (..., out)
 
 
 def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
@@ -322,12 +256,5 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))  # (out, in)
         self.bias = nn.Parameter(torch.empty(out_features))  # (out,)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        norm: nn.LayerNorm | None = None,
-        gelu: bool = False,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # (..., in) -> (..., out): residual + gelu(norm(x) W^T + b), see `linear`
-        return linear(x, self.weight, self.bias, norm=norm, gelu=gelu, residual=residual)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        return linear(x, self.weight, self.bias)

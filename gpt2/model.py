@@ -12,18 +12,21 @@ embedding. Parameter names are the checkpoint's (`wte`, `wpe`, `h.N.ln_1`,
 Weight layout: every linear layer stores its weight as (out_features,
 in_features), like `nn.Linear`. The checkpoint's Conv1D weights are stored
 (in, out); loading.py transposes them once. All products go through
-`linear.linear` (which also takes the layer norm before a product and the
-GELU and residual after it) and all attention through
-`attention.self_attention`: the two places where a faster CPU path is chosen.
+`linear.linear` and all attention through `attention.causal_attention`: the
+two places where a faster CPU path is chosen. On a CPU, a decode step or a
+verification pass may run all blocks in one C call instead of the loop over
+the Block modules (`block_loop.block_loop`, the one speed trick of
+`GPT2.forward`); that loop is the definition.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from .attention import self_attention
-from .block_loop import block_loop, runs_block_loop
+from .attention import causal_attention
+from .block_loop import block_loop
 from .config import GPT2Config
 from .kv_cache import KVCache
 from .linear import Linear, linear, prepare
@@ -37,13 +40,17 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = Linear(config.n_embd, 3 * config.n_embd)  # x -> q, k, v
         self.c_proj = Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x: torch.Tensor, norm: nn.LayerNorm, cache: KVCache | None, start: int) -> torch.Tensor:
-        """x + attention(norm(x)), the first half of a block. (B, T, C) -> (B, T, C)"""
-        qkv = self.c_attn(x, norm=norm)  # norm(x) W^T + b: (B, T, C) -> (B, T, 3C)
-        # split into heads, store k and v in the cache, softmax(q k^T / sqrt(hs)) v
-        # with each new token seeing the positions up to its own
-        y = self_attention(qkv, self.n_head, cache, self.layer, start)  # (B, T, 3C) -> (B, T, C)
-        return self.c_proj(y, residual=x)  # x + y W^T + b: (B, T, C)
+    def forward(self, x: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        B, T, C = x.size()
+        nh, hs = self.n_head, C // self.n_head
+        qkv = self.c_attn(x).view(B, T, 3, nh, hs)  # (B, T, 3C) -> (B, T, 3, nh, hs)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
+        if cache is not None:
+            # Attend over everything cached so far plus the T new positions.
+            k, v = cache.write(self.layer, start, k, v)  # (B, nh, P + T, hs)
+        # softmax(q k^T / sqrt(hs)) v, each new token seeing the keys up to its own position
+        y = causal_attention(q, k, v)  # (B, nh, T, hs), (B, nh, P + T, hs) x 2 -> (B, T, C)
+        return self.c_proj(y)
 
 
 class MLP(nn.Module):
@@ -52,17 +59,12 @@ class MLP(nn.Module):
         self.c_fc = Linear(config.n_embd, 4 * config.n_embd)
         self.c_proj = Linear(4 * config.n_embd, config.n_embd)
 
-    def forward(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
-        """x + mlp(norm(x)), the second half of a block. (B, T, C) -> (B, T, C)"""
-        h = self.c_fc(x, norm=norm, gelu=True)  # gelu(norm(x) W^T + b): (B, T, 4C); GPT-2's "gelu_new"
-        return self.c_proj(h, residual=x)  # x + h W^T + b: (B, T, C)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        h = F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4C); GPT-2's "gelu_new"
+        return self.c_proj(h)
 
 
 class Block(nn.Module):
-    """x + attn(ln_1(x)), then x + mlp(ln_2(x)). The layer norms and the
-    residual additions are passed into the linear layers next to them (see
-    `linear.linear`), so that on a CPU the kernel does them in the same call."""
-
     def __init__(self, config: GPT2Config, layer: int) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
@@ -71,8 +73,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
-        x = self.attn(x, self.ln_1, cache, start)  # x + attn(ln_1(x))
-        x = self.mlp(x, self.ln_2)  # x + mlp(ln_2(x))
+        x = x + self.attn(self.ln_1(x), cache, start)
+        x = x + self.mlp(self.ln_2(x))
         return x
 
 
@@ -147,21 +149,22 @@ class GPT2(nn.Module):
         pos = torch.arange(P, P + T, device=input_ids.device)  # (T,)
         x = self.wte(input_ids) + self.wpe(pos)  # (B, T, C) + (T, C) -> (B, T, C)
 
-        # A decode step or verification pass on a CPU runs all blocks in one C
-        # call, the same kernels in the same order (gpt2/block_loop.py);
-        # the loop over the Block modules is the definition.
-        looped = block_loop(self, x, cache, P) if runs_block_loop(self, x, cache) else None
+        # A decode step or verification pass on a CPU runs the blocks in one C
+        # call (gpt2/block_loop.py); the loop over the Block modules is the
+        # definition, and the path everything else takes.
+        looped = block_loop(self, x, cache, P)  # (B, T, C), or None: it cannot take this pass
         if looped is not None:
-            x = looped  # (B, T, C)
+            x = looped
         else:
             for block in self.h:
                 x = block(x, cache, P)  # (B, T, C)
         if cache is not None:
             cache.length = P + T
 
+        x = self.ln_f(x)  # (B, T, C)
         if last_logits_only:
             x = x[:, -1:, :]  # (B, 1, C)
-        return linear(x, self.wte.weight, norm=self.ln_f)  # ln_f(x) x (C, V): (B, T, C) -> (B, T, V)
+        return linear(x, self.wte.weight)  # (B, T, C) x (C, V) -> (B, T, V)
 
 
 def init_random_weights(model: GPT2, *, std: float = 0.02, generator: torch.Generator | None = None) -> GPT2:

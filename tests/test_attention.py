@@ -97,9 +97,9 @@ def test_reference_check_fails_a_kernel_that_ignores_the_causal_rule():
 
 
 def test_the_kernel_writes_the_new_keys_and_values_into_the_cache_first():
-    """Given k_new and v_new (as self_attention passes them, views of c_attn's
-    output), the kernel stores them at the last T positions of the cache and
-    then attends: the same as writing them first."""
+    """Given k_new and v_new (as gpt2/block_loop.py's C loop passes them,
+    views of c_attn's output), the kernel stores them at the last T positions
+    of the cache and then attends: the same as writing them first."""
     kernel_or_skip()
     B, nh, T, P, hs = 2, 4, 5, 30, 64
     g = torch.Generator().manual_seed(11)
@@ -108,8 +108,11 @@ def test_the_kernel_writes_the_new_keys_and_values_into_the_cache_first():
     cache_k, cache_v = torch.randn(B, nh, P + T + 4, hs, generator=g), torch.randn(B, nh, P + T + 4, hs, generator=g)
     before_k, before_v = cache_k.clone(), cache_v.clone()
     k, v = cache_k[:, :, : P + T], cache_v[:, :, : P + T]  # (B, nh, P + T, hs), new positions still stale
-    assert runs_on_kernel(q, k, v)
-    got = few_queries_attention(q, k, v, k_new=k_new, v_new=v_new)
+    got = torch.empty(B, T, nh * hs)  # (B, T, C)
+    c_kernel.load_attention()(
+        q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), k.data_ptr(), v.data_ptr(), got.data_ptr(),
+        B, nh, T, P + T, hs, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), 1.0 / math.sqrt(hs),
+    )
     assert torch.equal(cache_k[:, :, P : P + T], k_new) and torch.equal(cache_v[:, :, P : P + T], v_new)
     assert torch.equal(cache_k[:, :, :P], before_k[:, :, :P]) and torch.equal(cache_k[:, :, P + T :], before_k[:, :, P + T :])
     assert torch.equal(cache_v[:, :, :P], before_v[:, :, :P]) and torch.equal(cache_v[:, :, P + T :], before_v[:, :, P + T :])

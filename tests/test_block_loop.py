@@ -1,7 +1,10 @@
-"""gpt2/block_loop.py: all blocks in one C call give exactly what the Block
-modules give (the same kernels in the same order: equal bits, logits and
-cache), see the parameters as they are now, and whatever the loop cannot
-take goes through the modules."""
+"""gpt2/block_loop.py: all blocks in one C call give what the Block modules
+give (logits and cache, up to float32 rounding), see the parameters as they
+are now, and whatever the loop cannot take goes through the modules.
+
+Tolerance: max abs difference 1e-4 on logits and cached keys and values of
+scale ~5 (measured: 2e-6 to 4e-6, the kernels' float32 layer norm and GELU
+against PyTorch's); a block wired wrong is off by more than 1e-2."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from gpt2.block_loop import block_pointers, module_blocks, runs_block_loop
 from gpt2.linear import plain_linear
 
 # hs = 16 (a multiple of 8, as the kernels need), 3 blocks.
+ATOL = 1e-4
 CONFIG = GPT2Config(n_layer=3, n_head=4, n_embd=64, vocab_size=101, n_ctx=64)
 
 
@@ -46,6 +50,10 @@ def ids(B: int, T: int, seed: int) -> torch.Tensor:
     return torch.randint(CONFIG.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a - b).abs().max().item() <= ATOL
+
+
 def step_both_ways(model: GPT2, prompt: torch.Tensor, new: torch.Tensor):
     """(logits, cache) of `new` after `prompt`, through the loop and through
     the modules, each from its own prefilled cache."""
@@ -62,18 +70,18 @@ def step_both_ways(model: GPT2, prompt: torch.Tensor, new: torch.Tensor):
 
 
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 5), (2, 3), (1, KERNEL_MAX_QUERIES)])
-def test_the_loop_gives_the_modules_bits_and_cache(B, T):
+def test_the_loop_gives_the_modules_logits_and_cache(B, T):
     kernels_or_skip()
     model = new_model()
     (loop_logits, loop_cache), (module_logits, module_cache) = step_both_ways(model, ids(B, 9, 1), ids(B, T, 2))
-    assert torch.equal(loop_logits, module_logits)
+    assert close(loop_logits, module_logits)
     assert loop_cache.length == module_cache.length == 9 + T
-    assert torch.equal(loop_cache.k[:, :, :, : 9 + T], module_cache.k[:, :, :, : 9 + T])
-    assert torch.equal(loop_cache.v[:, :, :, : 9 + T], module_cache.v[:, :, :, : 9 + T])
+    assert close(loop_cache.k[:, :, :, : 9 + T], module_cache.k[:, :, :, : 9 + T])
+    assert close(loop_cache.v[:, :, :, : 9 + T], module_cache.v[:, :, :, : 9 + T])
 
 
 def test_that_check_fails_a_loop_wired_wrong():
-    """The equality above can fail: a table with ln_1 and ln_2 swapped in the
+    """The comparison above can fail: a table with ln_1 and ln_2 swapped in the
     second block gives other logits."""
     kernels_or_skip()
     model = new_model()
@@ -83,7 +91,7 @@ def test_that_check_fails_a_loop_wired_wrong():
     entry.ln_1_weight, entry.ln_2_weight = entry.ln_2_weight, entry.ln_1_weight
     entry.ln_1_bias, entry.ln_2_bias = entry.ln_2_bias, entry.ln_1_bias
     (wrong, _), (modules, _) = step_both_ways(model, ids(1, 9, 1), ids(1, 2, 2))  # the kept table: still swapped
-    assert torch.equal(modules, right)
+    assert close(modules, right)
     assert (wrong - right).abs().max().item() > 1e-2
     block_loop._tables.clear()
 
@@ -103,7 +111,7 @@ def test_a_weight_changed_in_place_replaced_or_given_new_storage_is_used_at_the_
         with torch.no_grad():
             change()
         (loop, _), (modules, _) = step_both_ways(model, prompt, new)
-        assert torch.equal(loop, modules)
+        assert close(loop, modules)
         assert (loop - before).abs().max().item() > 1e-3
         before = loop
 
@@ -139,6 +147,25 @@ def test_what_the_loop_cannot_take_goes_through_the_modules(case):
         got = model(new, cache)
         with module_blocks():
             expected = model(new, None if cache is None else model.new_cache())
+    assert torch.equal(got, expected)
+
+
+def test_a_parameter_the_kernels_cannot_read_sends_the_pass_through_the_modules():
+    """A weight that is not contiguous (here a transposed copy's view) has no
+    pointer the loop could pass: block_loop declines and the modules run."""
+    kernels_or_skip()
+    model = new_model()
+    fc = model.h[1].mlp.c_fc
+    fc.weight = torch.nn.Parameter(fc.weight.detach().t().contiguous().t(), requires_grad=False)  # same values
+    assert not fc.weight.is_contiguous()
+    cache = model.new_cache()
+    with torch.inference_mode():
+        x = model.wte(ids(1, 2, 2))
+        assert runs_block_loop(model, x, cache) and block_pointers(model) is None
+        assert block_loop.block_loop(model, x, cache, 0) is None
+        got = model(ids(1, 2, 2), cache)
+        with module_blocks():
+            expected = model(ids(1, 2, 2), model.new_cache())
     assert torch.equal(got, expected)
 
 
