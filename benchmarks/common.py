@@ -34,11 +34,12 @@ from gpt2 import (
     load_model,
     load_tokenizer,
     preset,
+    quantize_model_int8,
     resolve_device,
     resolve_dtype,
 )
 from gpt2 import linear as gpt2_linear
-from gpt2.loading import resolve_source
+from gpt2.loading import resolve_quantize, resolve_source
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
@@ -153,12 +154,16 @@ def git_commit() -> str | None:
         return None
 
 
-def environment(device: torch.device, dtype: torch.dtype, models: dict[str, str]) -> dict:
-    """The header stored with every result: where and how it was measured."""
+def environment(
+    device: torch.device, dtype: torch.dtype, models: dict[str, str], quantize: str | None = None
+) -> dict:
+    """The header stored with every result: where and how it was measured
+    (`quantize`: "int8" where the models' weights were quantised)."""
     return {
         "device": str(device),
         "device_name": device_name(device),
         "dtype": str(dtype).removeprefix("torch."),
+        "quantize": quantize,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -174,10 +179,11 @@ def environment(device: torch.device, dtype: torch.dtype, models: dict[str, str]
 def environment_lines(env: dict) -> list[str]:
     """The header as Markdown bullet lines."""
     models = ", ".join(f"{role}: {name}" for role, name in env["models"].items())
+    weights = f", {env['quantize']} weights (gpt2/quantize.py)" if env.get("quantize") else ""
     return [
         f"- device: {env['device']} ({env['device_name']}), {env['threads']} torch threads, "
         f"{env['cpu_count']} logical CPUs",
-        f"- dtype: {env['dtype']}; torch {env['torch']}; Python {env['python']}; {env['platform']}",
+        f"- dtype: {env['dtype']}{weights}; torch {env['torch']}; Python {env['python']}; {env['platform']}",
         f"- models: {models}",
         f"- CPU float32 linear layers: {env.get('cpu_linear', 'not recorded')}",
         f"- commit: {env['git_commit']}; date: {env['date']}",
@@ -270,13 +276,19 @@ class ModelPair:
         return self.draft is self.target
 
 
-def random_model(config: GPT2Config, *, device: torch.device, dtype: torch.dtype, seed: int) -> GPT2:
-    """A GPT-2 of `config`'s shape with GPT-2's random init, reproducible from `seed`."""
+def random_model(
+    config: GPT2Config, *, device: torch.device, dtype: torch.dtype, seed: int, quantize: str | None = None
+) -> GPT2:
+    """A GPT-2 of `config`'s shape with GPT-2's random init, reproducible from
+    `seed`; its weight matrices quantised if `quantize` is "int8" (as
+    `load_model(quantize=...)` does it)."""
     with torch.device("meta"):
         model = GPT2(config)  # shapes only: the seeded init below fills them once
     model = model.to_empty(device="cpu")
     init_random_weights(model, generator=torch.Generator().manual_seed(seed))
     model = model.to(device=device, dtype=dtype).eval()
+    if resolve_quantize(quantize, model.device, model.dtype) == "int8":
+        quantize_model_int8(model)
     model.prepare_linear_layers()  # as load_model does: packing is not timed in the first run
     return model
 
@@ -289,6 +301,7 @@ def build_pair(
     draft_equals_target: bool = False,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "float32",
+    quantize: str | None = None,
     seed: int = 0,
 ) -> ModelPair:
     """Loads or builds the (target, draft) pair.
@@ -302,6 +315,8 @@ def build_pair(
         draft_equals_target: use the target as its own draft (acceptance 1 when
             greedy): the draft is then the very same object, no second copy.
         device, dtype: where and in what precision the models run.
+        quantize: None, or "int8": both models' weight matrices quantised
+            (gpt2/quantize.py), so the baseline is the int8 target.
         seed: seeds the random weights (target: seed, draft: seed + 1).
 
     Raises:
@@ -310,10 +325,13 @@ def build_pair(
     """
     dev = resolve_device(device)
     dt_ = resolve_dtype(dtype, dev)
+    quantize = resolve_quantize(quantize, dev, dt_)
     folder = None
     if weights == "checkpoint":
-        target_model = load_model(target, device=dev, dtype=dt_)
-        draft_model = target_model if draft_equals_target else load_model(draft, device=dev, dtype=dt_)
+        target_model = load_model(target, device=dev, dtype=dt_, quantize=quantize)
+        draft_model = target_model
+        if not draft_equals_target:
+            draft_model = load_model(draft, device=dev, dtype=dt_, quantize=quantize)
         folder = resolve_source(target)  # already downloaded by load_model: no network
     elif weights in ("random", "tiny"):
         if weights == "tiny":
@@ -321,10 +339,10 @@ def build_pair(
             target_config, draft_config = TINY_TARGET, TINY_DRAFT
         else:
             target_config, draft_config = preset(target), preset(draft)
-        target_model = random_model(target_config, device=dev, dtype=dt_, seed=seed)
+        target_model = random_model(target_config, device=dev, dtype=dt_, seed=seed, quantize=quantize)
         draft_model = target_model
         if not draft_equals_target:
-            draft_model = random_model(draft_config, device=dev, dtype=dt_, seed=seed + 1)
+            draft_model = random_model(draft_config, device=dev, dtype=dt_, seed=seed + 1, quantize=quantize)
     else:
         raise ValueError(f"weights must be 'checkpoint', 'random' or 'tiny', got {weights!r}")
     if draft_equals_target:

@@ -32,6 +32,7 @@ Usage:
     python -m benchmarks.decode_speed                        # gpt2 and gpt2-large shapes
     python benchmarks/decode_speed.py --models gpt2 --repeats 5 --no-transformers
     python -m benchmarks.decode_speed --module-blocks --plain-attention --plain-linear   # and without each speed trick
+    python -m benchmarks.decode_speed --int8 --no-transformers   # and with int8 weights (gpt2/quantize.py)
 
 Outputs (in --out, default benchmarks/results/decode_speed-<UTC time>/):
 decode_speed.md (the tables, with the environment header) and
@@ -71,6 +72,7 @@ from gpt2.attention import plain_attention
 from gpt2.block_loop import module_blocks
 
 CPU = torch.device("cpu")
+INT8_LABEL = "ours, int8 weights"
 DTYPE = torch.float32
 LONG_K = 5  # the verification length timed at the long context (gamma = 4)
 
@@ -95,8 +97,14 @@ class BandwidthProbe:
 
 def step_weight_bytes(model: GPT2) -> int:
     """Bytes of weights one decode step reads: every parameter once (the LM
-    head is the tied wte), except the position table wpe, of which it reads one row."""
+    head is the tied wte), except the position table wpe, of which it reads
+    one row; a weight matrix the kernel reads as int8 (gpt2/quantize.py)
+    counts its int8 levels and its rows' float32 scales."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())  # tied wte counted once
+    for w in model.matrix_weights():
+        packed = gpt2_linear.packed_weight(w) if gpt2_linear.kernel_takes(w) else None
+        if packed is not None and packed.scale is not None:  # read as int8: 1 byte a weight, plus the scales
+            total -= w.numel() * w.element_size() - (w.numel() + packed.scale.numel() * packed.scale.element_size())
     wpe = model.wpe.weight
     return total - wpe.numel() * wpe.element_size() + wpe.size(1) * wpe.element_size()
 
@@ -122,6 +130,7 @@ class OursRunner:
             "blocks": the kernels, called from the Block modules one by one
             instead of the one-call block loop (`module_blocks`);
             None: the fast paths. To show what each speed trick buys.
+        label: the report's name for it (default: from `plain`).
     """
 
     LABELS = {
@@ -131,10 +140,10 @@ class OursRunner:
         "linear": "ours, F.linear + SDPA",
     }
 
-    def __init__(self, model: GPT2, *, plain: str | None = None) -> None:
+    def __init__(self, model: GPT2, *, plain: str | None = None, label: str | None = None) -> None:
         self.model = model
         self.plain = plain
-        self.label = self.LABELS[plain]
+        self.label = label or self.LABELS[plain]
         self.caches: dict[str, KVCache] = {}
 
     def context(self):
@@ -259,6 +268,11 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
     print(f"[{name}] building the model with random weights ...", file=sys.stderr, flush=True)
     model = random_model(config, device=CPU, dtype=DTYPE, seed=args.seed)
     runners: list = [OursRunner(model)]
+    int8_model = None
+    if args.int8:
+        print(f"[{name}] the same weights quantised to int8 ...", file=sys.stderr, flush=True)
+        int8_model = random_model(config, device=CPU, dtype=DTYPE, seed=args.seed, quantize="int8")
+        runners.append(OursRunner(int8_model, label=INT8_LABEL))
     if args.module_blocks:
         runners.append(OursRunner(model, plain="blocks"))
     if args.plain_attention:
@@ -285,7 +299,11 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
     contexts = {slot: p.size(1) for slot, p in prompts.items()}
 
     with torch.inference_mode():
-        diffs = check_same_logits(runners, prompt, drafts)
+        float32_runners = [r for r in runners if r.label != INT8_LABEL]
+        diffs = check_same_logits(float32_runners, prompt, drafts)
+        if int8_model is not None:  # another model: checked against itself on the readable path
+            readable = OursRunner(int8_model, plain="linear")
+            diffs[INT8_LABEL] = check_same_logits([readable, runners[1]], prompt, drafts)[INT8_LABEL]
         print(f"[{name}] max |logits - ours|: {diffs}", file=sys.stderr, flush=True)
         worst = max(diffs.values())
         if worst > 1e-3:
@@ -306,12 +324,13 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
         s = samples[r.label]
         entry = {"samples": s, "prefill_s": median(s["prefill"])}
         for slot in prompts:
-            nbytes = result["step_bytes"][slot]
+            nbytes = result["step_bytes"][slot] if r.label != INT8_LABEL else step_bytes(int8_model, contexts[slot])
             steps, bandwidth = s[f"{slot} k=1"], s[f"{slot} bandwidth"]
             t_step = median(steps)
             # Each step against the bound of the bandwidth sampled around it, then the median.
             fractions = [nbytes / bw / t for bw, t in zip(bandwidth, steps)]
             entry[slot] = {
+                "step_bytes": nbytes,
                 "step_s": t_step,
                 "verify_s": {k: median(s[f"{slot} k={k}"]) for k in ks[slot] if k > 1},
                 "read_bandwidth_bytes_per_s": median(bandwidth),
@@ -322,7 +341,7 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
             entry[slot]["r"] = {k: t / t_step for k, t in entry[slot]["verify_s"].items()}
         result["implementations"][r.label] = entry
 
-    del runners, model
+    del runners, model, int8_model
     gc.collect()
     return result
 
@@ -370,8 +389,8 @@ def report(results: list[dict], args: argparse.Namespace, env: dict) -> str:
                         ms(long["verify_s"][LONG_K]), f"{long['r'][LONG_K]:.2f}"]
             rows.append(row)
     lines += ["## Step, verification and the bandwidth bound", "",
-              "bound = bytes one step must read (every weight once, plus the cached keys and values) / read "
-              "bandwidth. % of bound: each step against the bound of the bandwidth sampled around it "
+              "bound = bytes one step must read (every weight once, plus the cached keys and values; int8 "
+              "weights: 1 byte each plus their rows' scales) / read bandwidth. % of bound: each step against the bound of the bandwidth sampled around it "
               "(bound_i / step_i), median over the repeats; the bound column uses the median bandwidth.", "",
               markdown_table(headers, rows), ""]
 
@@ -428,6 +447,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also time our model with SDPA attention (the linear kernel kept, the Block modules called)")
     p.add_argument("--module-blocks", action="store_true",
                    help="also time our model calling its Block modules one by one (the kernels kept)")
+    p.add_argument("--int8", action="store_true",
+                   help="also time the model with its weight matrices quantised to int8 (gpt2/quantize.py), "
+                   "against its own bound (a quarter of the weight bytes)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers (it need not be installed)")
     p.add_argument("--seed", type=int, default=0, help="seeds the random weights and tokens")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/decode_speed-<UTC time>/)")

@@ -460,6 +460,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the target drafts for itself (alpha = 1 when greedy)")
     models.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     models.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    models.add_argument("--quantize", default="none", choices=["none", "int8"],
+                        help="int8: both models' weight matrices quantised (gpt2/quantize.py; CPU, float32); "
+                        "the baseline is then the int8 target (default none)")
     models.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
     grid = ap.add_argument_group("sweep")
@@ -522,14 +525,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     weights = "tiny" if args.tiny else "random" if args.random_weights else "checkpoint"
     pair = build_pair(args.target, args.draft, weights=weights, draft_equals_target=args.draft_equals_target,
-                      device=args.device, dtype=args.dtype, seed=args.seed)
+                      device=args.device, dtype=args.dtype, quantize=args.quantize, seed=args.seed)
     tokenizer = load_prompt_tokenizer(pair.tokenizer_folder)
     prompts = encode_prompts(tokenizer, PROMPTS[: args.prompts], pair.device)
     folder = results_dir(args.out, "gamma_sweep")
 
     result = run_sweep(pair, prompts, settings, progress=not args.no_progress)
 
-    env = environment(pair.device, pair.dtype, {"target": pair.target_name, "draft": pair.draft_name})
+    quantize = None if args.quantize == "none" else args.quantize
+    env = environment(pair.device, pair.dtype, {"target": pair.target_name, "draft": pair.draft_name}, quantize)
     env["weights"] = weights
     env["draft_is_target"] = pair.draft_is_target
     if settings.peer == "transformers":

@@ -243,6 +243,12 @@ def labels(result: SweepResult, env: dict) -> list[str]:
         else:
             acceptance = "acceptance is meaningless (two unrelated random networks)."
         out.append(f"RANDOM WEIGHTS ({what}): costs and speedups are real for these shapes; {acceptance}")
+    if env.get("quantize"):
+        out.append(
+            f"{env['quantize'].upper()} WEIGHTS: both models' weight matrices are quantised (gpt2/quantize.py); "
+            f"the baseline is the {env['quantize']} target alone, and the speculative output is lossless with "
+            "respect to it, not to the float32 target."
+        )
     return out
 
 

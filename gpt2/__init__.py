@@ -6,6 +6,7 @@ from .generate import generate
 from .kv_cache import KVCache
 from .loading import load_model, resolve_device, resolve_dtype
 from .model import GPT2, init_random_weights
+from .quantize import quantize_model_int8
 from .sampling import SamplingConfig, logits_to_probs, next_token, sample
 from .tokenizer import END_OF_TEXT_ID, load_tokenizer
 
@@ -23,6 +24,7 @@ __all__ = [
     "logits_to_probs",
     "next_token",
     "preset",
+    "quantize_model_int8",
     "resolve_device",
     "resolve_dtype",
     "sample",

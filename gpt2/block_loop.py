@@ -60,17 +60,18 @@ if TYPE_CHECKING:
 
 class BlockPointers(ctypes.Structure):
     """One block's parameters as data pointers, as few_rows_blocks.c reads
-    them: layer norms as they are, linear weights pair-packed."""
+    them: layer norms as they are, linear weights pair-packed (float32, or
+    int8 with their rows' scales; the scale is NULL for float32)."""
 
     _fields_ = [
         (name, ctypes.c_void_p)
         for name in (
             "ln_1_weight", "ln_1_bias",
-            "c_attn", "c_attn_bias",
-            "attn_proj", "attn_proj_bias",
+            "c_attn", "c_attn_scale", "c_attn_bias",
+            "attn_proj", "attn_proj_scale", "attn_proj_bias",
             "ln_2_weight", "ln_2_bias",
-            "c_fc", "c_fc_bias",
-            "mlp_proj", "mlp_proj_bias",
+            "c_fc", "c_fc_scale", "c_fc_bias",
+            "mlp_proj", "mlp_proj_scale", "mlp_proj_bias",
         )
     ]
 
@@ -140,6 +141,13 @@ def stamps(tensors: list[torch.Tensor | None]) -> list[int | None]:
     return addresses + versions
 
 
+def packed_pointers(weight: torch.Tensor) -> tuple[int, int | None]:
+    """The kernel's copy of `weight` (`linear.packed_weight`) as pointers:
+    (packed data, scales or None)."""
+    packed = gpt2_linear.packed_weight(weight)
+    return packed.data.data_ptr(), None if packed.scale is None else packed.scale.data_ptr()
+
+
 def block_pointers(model: GPT2) -> ctypes.Array | None:
     """The pointer table of every block, from the parameters as they are now;
     None if a parameter is not CPU float32 and contiguous.
@@ -167,11 +175,13 @@ def block_pointers(model: GPT2) -> ctypes.Array | None:
         if not all(gpt2_linear.kernel_takes(w) for w in (attn_w, proj_w, fc_w, mlp_w)):
             return None
         entry.ln_1_weight, entry.ln_1_bias = ln_1_w.data_ptr(), ln_1_b.data_ptr()
-        entry.c_attn, entry.c_attn_bias = gpt2_linear.packed_weight(attn_w).data_ptr(), attn_b.data_ptr()
-        entry.attn_proj, entry.attn_proj_bias = gpt2_linear.packed_weight(proj_w).data_ptr(), proj_b.data_ptr()
+        entry.c_attn, entry.c_attn_scale = packed_pointers(attn_w)
+        entry.attn_proj, entry.attn_proj_scale = packed_pointers(proj_w)
         entry.ln_2_weight, entry.ln_2_bias = ln_2_w.data_ptr(), ln_2_b.data_ptr()
-        entry.c_fc, entry.c_fc_bias = gpt2_linear.packed_weight(fc_w).data_ptr(), fc_b.data_ptr()
-        entry.mlp_proj, entry.mlp_proj_bias = gpt2_linear.packed_weight(mlp_w).data_ptr(), mlp_b.data_ptr()
+        entry.c_fc, entry.c_fc_scale = packed_pointers(fc_w)
+        entry.mlp_proj, entry.mlp_proj_scale = packed_pointers(mlp_w)
+        entry.c_attn_bias, entry.attn_proj_bias = attn_b.data_ptr(), proj_b.data_ptr()
+        entry.c_fc_bias, entry.mlp_proj_bias = fc_b.data_ptr(), mlp_b.data_ptr()
     _tables[model] = (now, [t.detach() for t in tensors], table)
     return table
 

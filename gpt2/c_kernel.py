@@ -142,15 +142,18 @@ def library() -> ctypes.CDLL | None:
 def load() -> ctypes._CFuncPtr | None:
     """The C function `few_rows_linear`, or None (see `status()`).
 
-    Its arguments: x, packed W, bias (or None), y as data pointers; N, IN,
-    OUT; the layer norm's weight and bias (or None) and eps; gelu (0 or 1);
+    Its arguments: x, packed W (float32 or int8), the rows' scales (int8
+    W; None for float32), bias (or None), y as data pointers; N, IN, OUT;
+    the layer norm's weight and bias (or None) and eps; gelu (0 or 1);
     residual (or None). See few_rows_linear.c for the layouts.
     """
     built = library()
     if built is None:
         return None
     kernel = built.few_rows_linear
-    kernel.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+    kernel.argtypes = (
+        [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+    )
     kernel.restype = None
     return kernel
 

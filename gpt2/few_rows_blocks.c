@@ -19,9 +19,10 @@
  *     x   = x2 + h W_mlp_proj^T + b_mlp_proj              few_rows_linear
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
-void few_rows_linear(const float *x, const float *packed, const float *bias, float *y,
+void few_rows_linear(const float *x, const void *packed, const float *scale, const float *bias, float *y,
                      int64_t n, int64_t in, int64_t out,
                      const float *norm_weight, const float *norm_bias, float norm_eps,
                      int gelu, const float *residual);
@@ -31,15 +32,20 @@ void few_queries_attention(const float *q, const float *k_new, const float *v_ne
                            int64_t q_b, int64_t q_h, int64_t q_t, int64_t kv_b, int64_t kv_h, float scale);
 
 /* One block's parameters as data pointers: the layer norms' weight and bias
- * (C,), each linear layer's pair-packed weight (see few_rows_linear.c) and
- * bias. Mirrored by BlockPointers in gpt2/block_loop.py. */
+ * (C,), and each linear layer's pair-packed weight (float32, or int8 with its
+ * rows' scales; see few_rows_linear.c), scales (NULL for float32) and bias.
+ * Mirrored by BlockPointers in gpt2/block_loop.py. */
 typedef struct {
     const float *ln_1_weight, *ln_1_bias;
-    const float *c_attn, *c_attn_bias;       /* C -> 3C */
-    const float *attn_proj, *attn_proj_bias; /* C -> C */
+    const void *c_attn;                                          /* C -> 3C */
+    const float *c_attn_scale, *c_attn_bias;
+    const void *attn_proj;                                       /* C -> C */
+    const float *attn_proj_scale, *attn_proj_bias;
     const float *ln_2_weight, *ln_2_bias;
-    const float *c_fc, *c_fc_bias;           /* C -> 4C */
-    const float *mlp_proj, *mlp_proj_bias;   /* 4C -> C */
+    const void *c_fc;                                            /* C -> 4C */
+    const float *c_fc_scale, *c_fc_bias;
+    const void *mlp_proj;                                        /* 4C -> C */
+    const float *mlp_proj_scale, *mlp_proj_bias;
 } BlockPointers;
 
 /* x: (N, C) row-major, the blocks' input, overwritten with their output.
@@ -55,15 +61,19 @@ void few_rows_blocks(const BlockPointers *blocks, int64_t n_layer, float *x, flo
     float *y = qkv + N * 3 * C;    /* (N, C) */
     float *x2 = y + N * C;         /* (N, C) */
     float *h = x2 + N * C;         /* (N, 4C) */
-    const float scale = 1.0f / sqrtf((float)hs);
+    const float attn_scale = 1.0f / sqrtf((float)hs);
     for (int64_t l = 0; l < n_layer; l++) {
         const BlockPointers *b = &blocks[l];
-        few_rows_linear(x, b->c_attn, b->c_attn_bias, qkv, N, C, 3 * C, b->ln_1_weight, b->ln_1_bias, eps, 0, 0);
+        few_rows_linear(x, b->c_attn, b->c_attn_scale, b->c_attn_bias, qkv, N, C, 3 * C,
+                        b->ln_1_weight, b->ln_1_bias, eps, 0, NULL);
         /* q, k, v of token (b, t), head h at qkv + (b T + t) 3C + {0, C, 2C} + h hs */
         few_queries_attention(qkv, qkv + C, qkv + 2 * C, k_cache + l * layer_stride, v_cache + l * layer_stride, y,
-                              B, nh, T, start + T, hs, T * 3 * C, hs, 3 * C, kv_b, kv_h, scale);
-        few_rows_linear(y, b->attn_proj, b->attn_proj_bias, x2, N, C, C, 0, 0, 0.0f, 0, x);
-        few_rows_linear(x2, b->c_fc, b->c_fc_bias, h, N, C, 4 * C, b->ln_2_weight, b->ln_2_bias, eps, 1, 0);
-        few_rows_linear(h, b->mlp_proj, b->mlp_proj_bias, x, N, 4 * C, C, 0, 0, 0.0f, 0, x2);
+                              B, nh, T, start + T, hs, T * 3 * C, hs, 3 * C, kv_b, kv_h, attn_scale);
+        few_rows_linear(y, b->attn_proj, b->attn_proj_scale, b->attn_proj_bias, x2, N, C, C,
+                        NULL, NULL, 0.0f, 0, x);
+        few_rows_linear(x2, b->c_fc, b->c_fc_scale, b->c_fc_bias, h, N, C, 4 * C,
+                        b->ln_2_weight, b->ln_2_bias, eps, 1, NULL);
+        few_rows_linear(h, b->mlp_proj, b->mlp_proj_scale, b->mlp_proj_bias, x, N, 4 * C, C,
+                        NULL, NULL, 0.0f, 0, x2);
     }
 }

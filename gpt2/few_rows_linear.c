@@ -17,6 +17,12 @@
  * so each thread reads one sequential stream of memory. OUT is padded to an
  * even number with a zero row; IN must be a multiple of 8.
  *
+ * W may also come as int8 in the same layout, with one float scale per output
+ * row (weight-only quantisation, gpt2/quantize.py): W[o][i] = scale[o] q[o][i].
+ * Each block of 8 is widened to float32 in registers and the row's sum is
+ * multiplied by scale[o] at the end, so the product is the float32 one up to
+ * rounding, from a quarter of the bytes.
+ *
  * One tile: a pair of output features times up to MAX_TILE_ROWS = 7 rows of
  * x: 14 accumulators + 2 registers of W fill AVX2's 16 registers (x is read
  * straight from L1/L2 by the multiply-add). Per 16 weights read: 2 loads of
@@ -42,7 +48,7 @@
 #include "vector_math.h"
 
 #define MAX_TILE_ROWS 7
-/* Prefetch W this many floats ahead (6 KiB) into L2 (_MM_HINT_T2). With N > 1
+/* Prefetch W this many bytes ahead (6 KiB) into L2 (_MM_HINT_T2). With N > 1
  * the loop does enough arithmetic per byte that the out-of-order core alone
  * keeps too few cache lines in flight, and memory time and arithmetic time add
  * up instead of overlapping. Measured on the whole gpt2-large forward, Zen 4
@@ -50,34 +56,85 @@
  * r_5 = t_v(5) / step was 2.05-2.31 with a 1 KiB prefetch into L1 (_MM_HINT_T0),
  * 1.32-1.45 with 4 KiB into L2, 1.11-1.26 with 6 KiB, and the same within noise
  * at 8 and 12 KiB or into L1+L2 (_MM_HINT_T1). At N = 1 the hardware prefetcher
- * alone is as fast or faster (step 3-10% slower with it), so it is skipped. */
-#define PREFETCH_FLOATS 1536
+ * alone is as fast or faster (step 3-10% slower with it; int8 weights: the
+ * same), so it is skipped. */
+#define PREFETCH_BYTES 6144
 
-/* y[r, o] and y[r, o + 1] for rows r < n_rows of x (n_rows is a constant at
- * every call site, so the accumulators live in registers). */
-static inline __attribute__((always_inline)) void pair_tile(
-    const float *x, const float *w_pair, const float *bias, float *y,
-    int64_t in, int64_t out, int64_t o, const int n_rows) {
-    __m256 acc0[MAX_TILE_ROWS], acc1[MAX_TILE_ROWS]; /* output o and o + 1 */
-    for (int r = 0; r < n_rows; r++) {
-        acc0[r] = _mm256_setzero_ps();
-        acc1[r] = _mm256_setzero_ps();
+/* Block k of a pair of W's rows, as floats: w0 = W[o][8k : 8k + 8] and
+ * w1 = W[o + 1][8k : 8k + 8], unscaled where W is int8. */
+static inline __attribute__((always_inline)) void load_pair_block(
+    const void *w_pair, int64_t k, const int int8, __m256 *w0, __m256 *w1) {
+    if (int8) {
+        const int8_t *w = (const int8_t *)w_pair + 16 * k;
+        *w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)w)));
+        *w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w + 8))));
+    } else {
+        const float *w = (const float *)w_pair + 16 * k;
+        *w0 = _mm256_loadu_ps(w);
+        *w1 = _mm256_loadu_ps(w + 8);
     }
-    const float *w = w_pair;
-    for (int64_t i = 0; i < in; i += 8, w += 16) {
-        if (n_rows > 1) _mm_prefetch((const char *)(w + PREFETCH_FLOATS), _MM_HINT_T2);
-        __m256 w0 = _mm256_loadu_ps(w);     /* W[o][i : i + 8] */
-        __m256 w1 = _mm256_loadu_ps(w + 8); /* W[o + 1][i : i + 8] */
-        for (int r = 0; r < n_rows; r++) {
-            __m256 xr = _mm256_loadu_ps(x + r * in + i); /* x[r][i : i + 8] */
-            acc0[r] = _mm256_fmadd_ps(w0, xr, acc0[r]);
-            acc1[r] = _mm256_fmadd_ps(w1, xr, acc1[r]);
+}
+
+/* y[r, o] and y[r, o + 1] for rows r < n_rows of x (n_rows and int8 are
+ * constants at every call site, so the accumulators live in registers and
+ * each combination compiles to its own loop).
+ *
+ * With one row the blocks alternate between two sets of accumulators, so
+ * that a multiply-add does not wait for the previous one to finish (4 cycles
+ * of latency): that bounds the int8 loop, which reads a quarter of the bytes
+ * and widens every weight. Measured on the gpt2-large weights, N = 1: 31-33
+ * ms with two sets against 36-38 with one (float32: memory-bound, the same). */
+static inline __attribute__((always_inline)) void pair_tile(
+    const float *x, const void *w_pair, const float *scale, const float *bias, float *y,
+    int64_t in, int64_t out, int64_t o, const int n_rows, const int int8) {
+    const int sets = n_rows == 1 ? 2 : 1;
+    const int64_t blocks = in / 8, bytes_per_block = int8 ? 16 : 64;
+    __m256 acc0[MAX_TILE_ROWS], acc1[MAX_TILE_ROWS]; /* output o and o + 1; [set] when n_rows = 1, else [r] */
+    for (int a = 0; a < n_rows * sets; a++) {
+        acc0[a] = _mm256_setzero_ps();
+        acc1[a] = _mm256_setzero_ps();
+    }
+    for (int64_t k = 0; k < blocks; k += sets) {
+        if (n_rows > 1) _mm_prefetch((const char *)w_pair + k * bytes_per_block + PREFETCH_BYTES, _MM_HINT_T2);
+        for (int set = 0; set < sets && k + set < blocks; set++) {
+            __m256 w0, w1;
+            load_pair_block(w_pair, k + set, int8, &w0, &w1);
+            for (int r = 0; r < n_rows; r++) {
+                __m256 xr = _mm256_loadu_ps(x + r * in + 8 * (k + set)); /* x[r][8k : 8k + 8] */
+                acc0[r + set] = _mm256_fmadd_ps(w0, xr, acc0[r + set]);
+                acc1[r + set] = _mm256_fmadd_ps(w1, xr, acc1[r + set]);
+            }
         }
     }
+    if (sets == 2) {
+        acc0[0] = _mm256_add_ps(acc0[0], acc0[1]);
+        acc1[0] = _mm256_add_ps(acc1[0], acc1[1]);
+    }
+    const float s0 = scale ? scale[o] : 1.0f, s1 = scale && o + 1 < out ? scale[o + 1] : 1.0f;
     for (int r = 0; r < n_rows; r++) {
-        y[r * out + o] = sum8(acc0[r]) + (bias ? bias[o] : 0.0f);
+        y[r * out + o] = s0 * sum8(acc0[r]) + (bias ? bias[o] : 0.0f);
         if (o + 1 < out) /* the padding row of an odd OUT is not written */
-            y[r * out + o + 1] = sum8(acc1[r]) + (bias ? bias[o + 1] : 0.0f);
+            y[r * out + o + 1] = s1 * sum8(acc1[r]) + (bias ? bias[o + 1] : 0.0f);
+    }
+}
+
+/* One pair of outputs for all N rows, in tiles of up to MAX_TILE_ROWS rows
+ * (W's pair stays in L1 across the tiles). */
+static inline __attribute__((always_inline)) void pair_all_rows(
+    const float *x, const void *w_pair, const float *scale, const float *bias, float *y,
+    int64_t n, int64_t in, int64_t out, int64_t o, const int int8) {
+    for (int64_t r0 = 0; r0 < n; r0 += MAX_TILE_ROWS) {
+        const float *xt = x + r0 * in;
+        float *yt = y + r0 * out;
+        switch (n - r0 < MAX_TILE_ROWS ? n - r0 : MAX_TILE_ROWS) {
+            case 1: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 1, int8); break;
+            case 2: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 2, int8); break;
+            case 3: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 3, int8); break;
+            case 4: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 4, int8); break;
+            case 5: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 5, int8); break;
+            case 6: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 6, int8); break;
+            default: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 7, int8); break;
+        }
     }
 }
 
@@ -123,12 +180,13 @@ static void finish(float *y, const float *residual, int gelu, int64_t count) {
     }
 }
 
-/* x: (N, IN) row-major; packed: (ceil(OUT / 2), IN / 8, 2, 8); bias: (OUT,)
+/* x: (N, IN) row-major; packed: (ceil(OUT / 2), IN / 8, 2, 8), float32, or
+ * int8 with scale: (OUT,) the rows' scales (NULL for float32); bias: (OUT,)
  * or NULL; y: (N, OUT) row-major, every element written.
  * norm_weight, norm_bias: (IN,) and eps of a layer norm applied to x first, or
  * NULL; gelu: nonzero to apply GELU to x W^T + b; residual: (N, OUT) row-major
  * added last, or NULL. */
-void few_rows_linear(const float *x, const float *packed, const float *bias, float *y,
+void few_rows_linear(const float *x, const void *packed, const float *scale, const float *bias, float *y,
                      int64_t n, int64_t in, int64_t out,
                      const float *norm_weight, const float *norm_bias, float norm_eps,
                      int gelu, const float *residual) {
@@ -139,25 +197,17 @@ void few_rows_linear(const float *x, const float *packed, const float *bias, flo
         x = normed;
     }
     const int64_t pairs = (out + 1) / 2;
+    const int64_t pair_bytes = 2 * in * (scale ? 1 : 4);
 #pragma omp parallel
     {
         const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
         const int64_t p_begin = pairs * id / threads, p_end = pairs * (id + 1) / threads;
         for (int64_t p = p_begin; p < p_end; p++) {
-            const float *w_pair = packed + p * 2 * in;
-            for (int64_t r0 = 0; r0 < n; r0 += MAX_TILE_ROWS) { /* W's pair stays in L1 across tiles */
-                const float *xt = x + r0 * in;
-                float *yt = y + r0 * out;
-                switch (n - r0 < MAX_TILE_ROWS ? n - r0 : MAX_TILE_ROWS) {
-                    case 1: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 1); break;
-                    case 2: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 2); break;
-                    case 3: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 3); break;
-                    case 4: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 4); break;
-                    case 5: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 5); break;
-                    case 6: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 6); break;
-                    default: pair_tile(xt, w_pair, bias, yt, in, out, 2 * p, 7); break;
-                }
-            }
+            const void *w_pair = (const char *)packed + p * pair_bytes;
+            if (scale)
+                pair_all_rows(x, w_pair, scale, bias, y, n, in, out, 2 * p, 1);
+            else
+                pair_all_rows(x, w_pair, NULL, bias, y, n, in, out, 2 * p, 0);
         }
         if (gelu || residual) { /* this thread's outputs [2 p_begin, 2 p_end) of every row */
             const int64_t c_begin = 2 * p_begin, c_end = 2 * p_end < out ? 2 * p_end : out;

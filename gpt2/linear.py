@@ -71,6 +71,7 @@ import contextlib
 import os
 import weakref
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -173,7 +174,8 @@ def describe() -> str:
 
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x W^T + b with the C kernel on the pair-packed copy of W (CPU,
-    float32, inference, at most KERNEL_MAX_ROWS rows; see `runs_on_kernel`).
+    float32, inference, at most KERNEL_MAX_ROWS rows; see `runs_on_kernel`),
+    or on its int8 copy where the weight was quantised (gpt2/quantize.py).
 
     Args and Returns: as `linear`.
     """
@@ -183,12 +185,13 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     assert bias is None or bias.shape == (out_features,), f"bias {tuple(bias.shape)} for {out_features} outputs"
     rows = x.numel() // in_features
     x2 = x.reshape(rows, in_features).contiguous()  # (N, in)
-    packed = packed_weight(weight)  # (ceil(out / 2), in / 8, 2, 8)
+    packed = packed_weight(weight)  # (ceil(out / 2), in / 8, 2, 8), float32 or int8 with its scales
     b = None if bias is None else bias.contiguous()
     y = torch.empty(rows, out_features, dtype=x.dtype)  # (N, out), every element written by the kernel
     kernel(
         x2.data_ptr(),
-        packed.data_ptr(),
+        packed.data.data_ptr(),
+        None if packed.scale is None else packed.scale.data_ptr(),
         None if b is None else b.data_ptr(),
         y.data_ptr(),
         rows,
@@ -202,10 +205,11 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
     """W (out, in) in the kernel's layout: rows o and o + 1 interleaved in
-    blocks of 8 floats, out padded to even with a zero row.
+    blocks of 8 values, out padded to even with a zero row. Any dtype (the
+    kernel takes float32 and int8).
 
     Returns:
-        (ceil(out / 2), in / 8, 2, 8), contiguous.
+        (ceil(out / 2), in / 8, 2, 8), contiguous, in W's dtype.
     """
     out_features, in_features = weight.shape
     w = weight.detach()
@@ -215,33 +219,69 @@ def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
     return pairs.transpose(1, 2).contiguous()  # (out / 2, in / 8, 2, 8)
 
 
+@dataclass(frozen=True)
+class PackedWeight:
+    """The kernel's copy of a weight W (out, in), pair-packed (`pack_pairs`):
+    W itself in float32, or, for a weight quantised to int8 (gpt2/quantize.py),
+    the int8 levels q with W = scale[:, None] * q."""
+
+    data: torch.Tensor  # (ceil(out / 2), in / 8, 2, 8), float32 or int8
+    scale: torch.Tensor | None = None  # (out,) float32 with int8 data, else None
+
+
 # id(weight) -> (its version counter when packed, a view of the storage it
 # was packed from, the packed copy). Holding that storage keeps its address
 # from being reused, so a weight given new storage never matches a stale entry.
 # An entry is removed when its weight is freed (weakref.finalize below).
-_packed_weights: dict[int, tuple[int | None, torch.Tensor, torch.Tensor]] = {}
+_packed_weights: dict[int, tuple[int | None, torch.Tensor, PackedWeight]] = {}
 
 
-def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The pair-packed copy of `weight` (`pack_pairs`), made on first use.
+def packed_weight(weight: torch.Tensor) -> PackedWeight:
+    """The kernel's copy of `weight`: its int8 copy if `use_int8_copy` gave
+    one, else the float32 pair-packed copy (`pack_pairs`), made on first use.
 
-    It is made again when `weight` has changed since: written in place (its
-    version counter moved: `copy_`, `normal_`, an optimiser step) or given new
-    storage (`module.half().float()` swaps `.data`). Writes into the same
-    storage through `weight.data` bypass the counter and are not noticed.
+    It is made again (in float32) when `weight` has changed since: written in
+    place (its version counter moved: `copy_`, `normal_`, an optimiser step)
+    or given new storage (`module.half().float()` swaps `.data`). Writes into
+    the same storage through `weight.data` bypass the counter and are not
+    noticed.
     """
-    version = None if weight.is_inference() else weight._version  # inference tensors have no counter
     key = id(weight)
     entry = _packed_weights.get(key)
-    if entry is not None and entry[0] == version and entry[1].data_ptr() == weight.data_ptr():
+    if entry is not None and entry[0] == _version(weight) and entry[1].data_ptr() == weight.data_ptr():
         return entry[2]
-    if entry is None:
-        weakref.finalize(weight, _packed_weights.pop, key, None)
     with torch.no_grad():
-        source = weight.detach()  # shares weight's storage
-        packed = pack_pairs(source)
-    _packed_weights[key] = (version, source, packed)
+        packed = PackedWeight(pack_pairs(weight))
+    _remember(weight, packed)
     return packed
+
+
+def use_int8_copy(weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+    """From now on the kernel reads `weight` as the int8 levels `q` and the
+    rows' `scale` (a quarter of the bytes), until `weight` changes. The
+    caller guarantees weight == scale[:, None] * q (gpt2/quantize.py writes
+    it so). Nothing is kept where the kernel cannot take `weight`.
+
+    Args:
+        weight: (out, in) float32, the quantised weight.
+        q: (out, in) int8.
+        scale: (out,) float32.
+    """
+    assert q.dtype == torch.int8 and q.shape == weight.shape, f"q {q.dtype} {tuple(q.shape)}"
+    assert scale.dtype == torch.float32 and scale.shape == weight.shape[:1], f"scale {tuple(scale.shape)}"
+    if kernel_takes(weight):
+        _remember(weight, PackedWeight(pack_pairs(q), scale.contiguous()))
+
+
+def _version(weight: torch.Tensor) -> int | None:
+    return None if weight.is_inference() else weight._version  # inference tensors have no counter
+
+
+def _remember(weight: torch.Tensor, packed: PackedWeight) -> None:
+    key = id(weight)
+    if key not in _packed_weights:
+        weakref.finalize(weight, _packed_weights.pop, key, None)
+    _packed_weights[key] = (_version(weight), weight.detach(), packed)  # detach: shares weight's storage
 
 
 class Linear(nn.Module):

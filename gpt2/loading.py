@@ -26,6 +26,7 @@ import torch
 
 from .config import GPT2Config
 from .model import GPT2
+from .quantize import quantize_model_int8
 
 WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
 MODEL_FILES = ("config.json", "model.safetensors")
@@ -81,6 +82,29 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if device.type == "mps" and dtype == torch.bfloat16:
         raise ValueError("bfloat16 is not supported on mps here: use float16 or float32")
     return dtype
+
+
+QUANTIZATIONS = ("none", "int8")
+
+
+def resolve_quantize(quantize: str | None, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Checks a weight quantisation choice: None or "none" (the checkpoint's
+    weights as they are) or "int8" (gpt2/quantize.py), which is for the CPU
+    in float32. Returns None or "int8".
+
+    Raises:
+        ValueError: an unknown choice, or int8 on another device or dtype.
+    """
+    if quantize in (None, "none"):
+        return None
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantisation '{quantize}': choose none or int8")
+    if device.type != "cpu" or dtype != torch.float32:
+        raise ValueError(
+            f"int8 weights are for the CPU in float32, not {device.type} {str(dtype).removeprefix('torch.')}: "
+            "use --device cpu --dtype float32, or leave out --quantize (on a GPU, float16 is the fast option)"
+        )
+    return quantize
 
 
 def is_model_folder(source: str | Path) -> bool:
@@ -276,6 +300,7 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = torch.float32,
     weights_dir: str | Path | None = None,
+    quantize: str | None = None,
 ) -> GPT2:
     """Loads a GPT-2 checkpoint.
 
@@ -287,6 +312,10 @@ def load_model(
         dtype: torch.float32 (the CPU default), torch.float16 or torch.bfloat16
             (or their names).
         weights_dir: where Hub downloads go (default: the repository's weights/).
+        quantize: None (or "none"), or "int8": every weight matrix rounded
+            to int8 with a scale per row, read as int8 by the CPU kernel
+            (gpt2/quantize.py; CPU and float32 only). The model is then the
+            quantised model.
 
     Returns:
         The model in eval mode on `device` in `dtype`.
@@ -296,6 +325,7 @@ def load_model(
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    quantization = resolve_quantize(quantize, dev, dt)
     folder = resolve_source(source, weights_dir)
     config = GPT2Config.from_hf_config(folder / "config.json")
     state = load_state_dict(folder / "model.safetensors")
@@ -305,5 +335,7 @@ def load_model(
     load_weights(model, state, source=str(folder / "model.safetensors"))
     del state
     model = model.to(device=dev, dtype=dt).eval()
+    if quantization == "int8":
+        quantize_model_int8(model)
     model.prepare_linear_layers()
     return model

@@ -105,8 +105,12 @@ class GPT2(nn.Module):
         kernel's copy of each linear weight and of the tied LM head (a model
         moved or converted later is packed on first use instead). Returns
         the one-line description of the chosen path."""
-        weights = [m.weight for m in self.modules() if isinstance(m, Linear)]
-        return prepare([*weights, self.wte.weight])
+        return prepare(self.matrix_weights())
+
+    def matrix_weights(self) -> list[torch.Tensor]:
+        """Every weight matrix a forward pass multiplies by: the four
+        projections of each block and wte, the tied LM head. (out, in) each."""
+        return [*(m.weight for m in self.modules() if isinstance(m, Linear)), self.wte.weight]
 
     def new_cache(self, batch_size: int = 1) -> KVCache:
         """An empty KV cache sized for this model (n_ctx positions)."""

@@ -147,11 +147,12 @@ def test_help_documents_every_option_and_its_default(tmp_path):
     assert_ok(result)
     for option in (
         "--prompt", "--gamma", "--max-gen", "--temperature", "--top-k", "--top-p", "--seed", "--draft",
-        "--target", "--device", "--dtype", "--weights-dir", "--compare", "--json", "--no-color", "--debug",
+        "--target", "--device", "--dtype", "--quantize", "--weights-dir", "--compare", "--json", "--no-color",
+        "--debug",
     ):
         assert option in result.stdout, option
     for default in ("default: 4", "default: 100", "default: gpt2)", "default: gpt2-large", "default: auto",
-                    "default: float32", "default: 0"):
+                    "default: float32", "default: 0", "default: none"):
         assert default in " ".join(result.stdout.split()), default
 
 
@@ -191,7 +192,7 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
         "draft": str(folders["draft"]), "target": str(folders["target"]),
         "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
         "gamma": 4, "max_gen": 20, "temperature": 0.0, "top_k": None, "top_p": None, "seed": 0,
-        "device": "cpu", "dtype": "float32", "eos_id": 50256,
+        "device": "cpu", "dtype": "float32", "quantize": None, "eos_id": 50256,
     }
     stats = out["stats"]
     assert stats["new_tokens"] == 20 and stats["gamma"] == 4
@@ -209,6 +210,20 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
     assert comparison["first_difference"] is None
     assert comparison["baseline_token_ids"] == out["token_ids"]
     assert comparison["baseline_tokens_per_second"] > 0 and comparison["speedup"] > 0
+
+
+def test_int8_weights_reproduce_the_int8_target_alone(tmp_path, folders):
+    """--quantize int8 quantises both models; greedy speculative output is
+    then the int8 target's own, token for token."""
+    result = run_cli(tmp_path, *local_models(folders), "--quantize", "int8", "--json", "--compare")
+    assert_ok(result)
+    out = json.loads(result.stdout)
+    assert out["settings"]["quantize"] == "int8"
+    assert len(out["token_ids"]) == 20
+    assert out["comparison"]["identical"] is True and out["comparison"]["baseline_token_ids"] == out["token_ids"]
+    text = run_cli(tmp_path, *local_models(folders), "--quantize", "int8")
+    assert_ok(text)
+    assert "cpu float32, int8 weights (the output is the int8 target's)" in text.stdout
 
 
 def test_sampling_with_a_seed_reproduces_with_the_prompt_from_stdin_too(tmp_path, folders):
@@ -396,6 +411,18 @@ def test_corrupt_weights_file(tmp_path, folders):
 
 def test_unavailable_device(tmp_path, folders):
     assert_bad_input(run_cli(tmp_path, *local_models(folders), "--device", "cuda:99"), "device 'cuda:99'")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--quantize", "int4"], "unknown quantisation 'int4': choose none or int8"),
+        (["--quantize", "int8", "--dtype", "bfloat16"], "int8 weights are for the CPU in float32, not cpu bfloat16"),
+    ],
+    ids=["unknown", "bfloat16"],
+)
+def test_bad_quantisation(tmp_path, folders, args, message):
+    assert_bad_input(run_cli(tmp_path, *local_models(folders), *args), message)
 
 
 def test_unsupported_dtype(tmp_path, folders):

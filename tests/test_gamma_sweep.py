@@ -202,6 +202,18 @@ def test_simulated_sweep_is_labelled_and_controls_acceptance(tmp_path, prompt_to
             assert float(r["accepted_over_drafted"]) == 1.0
 
 
+def test_int8_sweep_quantises_both_models_and_stays_lossless_against_the_int8_target(tmp_path, prompt_tokenizer):
+    args = ["--tiny", "--quantize", "int8", "--gamma", "2", "--max-gen", "6", "--prompts", "1", "--repeats", "1",
+            "--component-calls", "1", "--no-progress", "--out", str(tmp_path)]
+    assert main(args) == 0
+    md = (tmp_path / "sweep.md").read_text()
+    assert "INT8 WEIGHTS: both models' weight matrices are quantised" in md
+    assert "- dtype: float32, int8 weights (gpt2/quantize.py)" in md
+    assert json.loads((tmp_path / "sweep.json").read_text())["environment"]["quantize"] == "int8"
+    _, (row,) = read_csv(tmp_path / "sweep.csv")
+    assert row["identical_runs"] == row["compared_runs"] == "1"  # the int8 pair reproduces the int8 target
+
+
 def test_peer_transformers_runs_beside_ours(tmp_path, prompt_tokenizer):
     pytest.importorskip("transformers")
     args = ["--tiny", "--draft-equals-target", "--peer", "transformers", "--gamma", "2", "--max-gen", "6",
@@ -228,6 +240,7 @@ def test_peer_transformers_runs_beside_ours(tmp_path, prompt_tokenizer):
         (["--tiny", "--simulate-acceptance", "0.5", "--temperature", "0.8"], "greedy decoding only"),
         (["--tiny", "--simulate-acceptance", "0.5", "--peer", "transformers"], "cannot simulate"),
         (["--random-weights", "--target", "gpt9"], "no preset named 'gpt9'"),
+        (["--tiny", "--quantize", "int8", "--dtype", "bfloat16"], "int8 weights are for the CPU in float32"),
     ],
 )
 def test_user_mistakes_exit_with_one_line(args, message, capsys, tmp_path):

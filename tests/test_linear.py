@@ -73,7 +73,7 @@ def test_kernel_fails_this_check_on_a_wrong_layout():
     x, w = torch.randn(5, 32, generator=g), torch.randn(6, 32, generator=g)
     wrong = w.reshape(3, 2, 4, 8).contiguous()  # pairs not interleaved by 8-float blocks
     y = torch.empty(5, 6)
-    kernel(x.data_ptr(), wrong.data_ptr(), None, y.data_ptr(), 5, 32, 6, None, None, 0.0, 0, None)  # no norm, GELU, residual
+    kernel(x.data_ptr(), wrong.data_ptr(), None, None, y.data_ptr(), 5, 32, 6, None, None, 0.0, 0, None)  # float32, no extras
     assert not torch.allclose(y, reference(x, w, None), rtol=1e-5, atol=1e-4)
 
 
@@ -87,7 +87,7 @@ def fused_kernel(x, w, b, norm, gelu, residual):
     packed = pack_pairs(w)  # (ceil(out / 2), in / 8, 2, 8)
     y = torch.empty(rows, out_features)  # (N, out)
     kernel(
-        x.data_ptr(), packed.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(),
+        x.data_ptr(), packed.data_ptr(), None, None if b is None else b.data_ptr(), y.data_ptr(),
         rows, in_features, out_features,
         None if norm is None else norm.weight.data_ptr(), None if norm is None else norm.bias.data_ptr(),
         0.0 if norm is None else norm.eps,
@@ -233,7 +233,7 @@ def test_prepare_packs_at_load_time_exactly_the_weights_the_kernel_takes():
     assert not any(id(w) in gpt2_linear._packed_weights for w in matrices)  # a new model: nothing packed
     assert "few_rows_linear.c" in model.prepare_linear_layers()
     for w in matrices:
-        assert torch.equal(gpt2_linear._packed_weights[id(w)][2], pack_pairs(w))
+        assert torch.equal(gpt2_linear._packed_weights[id(w)][2].data, pack_pairs(w))
     odd = torch.randn(4, 12)  # in = 12 is no multiple of 8: the kernel cannot take it
     gpt2_linear.prepare([odd])
     assert id(odd) not in gpt2_linear._packed_weights
