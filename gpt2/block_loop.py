@@ -98,10 +98,12 @@ def runs_block_loop(model: GPT2, x: torch.Tensor, cache: KVCache | None) -> bool
     there is a float32 CPU cache, head size and width are multiples of 8,
     and no gradient is to be recorded. (Each parameter is checked as its
     pointer is taken, in `block_pointers`.)"""
-    if not _use_loop or cache is None or not attention.kernel_enabled() or c_kernel.load_blocks() is None:
+    if not _use_loop or cache is None or not attention.kernel_enabled():
         return False
     B, T, C = x.shape
     if not x.is_cpu or x.dtype != torch.float32 or not cache.k.is_cpu or cache.k.dtype != torch.float32:
+        return False  # (checked before the kernels are loaded: a GPU run never builds them)
+    if c_kernel.load_blocks() is None:
         return False
     if not (1 <= B * T <= gpt2_linear.KERNEL_MAX_ROWS and T <= attention.KERNEL_MAX_QUERIES):
         return False

@@ -56,6 +56,10 @@ the one speed trick of this file:
 - Results: equal up to floating-point reassociation (the sums run in another
   order: max abs difference of gpt2-shape logits to `F.linear` ~4e-6).
 
+A weight quantised to int8 (gpt2/quantize.py, an explicit option) is read by
+the kernel from an int8 copy with one scale per row (`use_int8_copy`) instead
+of a float32 one: a quarter of the bytes.
+
 few_rows_linear.c can also apply a layer norm before the product and GELU
 and a residual addition after it, in the same call; only the block loop of
 gpt2/block_loop.py uses that (here those are the model's own PyTorch ops).

@@ -4,7 +4,8 @@ Sections:
 - the real GPT-2 vocabulary (../shared/gpt2-bpe) and tiktoken's offline cache;
 - reference models: `transformers`' GPT2LMHeadModel with random weights;
 - checkpoint folders in the Hub's exact format (`write_checkpoint`);
-- the local Hub server fixtures (`hub`, `no_hub`, from hub_server.py).
+- the local Hub server fixtures (`hub`, `no_hub`, from hub_server.py);
+- `kernels_or_skip`, for the tests of the C kernels.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gpt2 import GPT2Config
+from gpt2 import GPT2Config, c_kernel
 from hub_server import hub, no_hub  # noqa: F401  (fixtures, registered for every test file)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -174,3 +175,22 @@ def write_checkpoint(
         shutil.copyfile(GPT2_BPE_DIR / "encoder.json", folder / "vocab.json")
         shutil.copyfile(GPT2_BPE_DIR / "vocab.bpe", folder / "merges.txt")
     return folder
+
+
+# ---------------------------------------------------------------------------
+# The C kernels
+# ---------------------------------------------------------------------------
+
+
+def kernels_or_skip():
+    """The C kernels' library is built: returns the linear kernel
+    (`c_kernel.load()`). Skipped only where the kernels truly cannot exist
+    (another CPU, no C compiler); a failed build on a machine that has both
+    fails."""
+    unsupported = c_kernel.cpu_supported()
+    if unsupported:
+        pytest.skip(unsupported)
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler on this machine")
+    assert c_kernel.library() is not None, c_kernel.status()
+    return c_kernel.load()

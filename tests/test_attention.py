@@ -9,27 +9,16 @@ kernel's float32 exp."""
 from __future__ import annotations
 
 import math
-import os
-import shutil
 
 import pytest
 import torch
 
+from conftest import kernels_or_skip
 from gpt2 import c_kernel
 from gpt2.attention import KERNEL_MAX_QUERIES, causal_attention, few_queries_attention, plain_attention, runs_on_kernel
 from gpt2.linear import plain_linear
 
 ATOL = 1e-5
-
-
-def kernel_or_skip():
-    """Skipped only where the kernel truly cannot exist (another CPU, no C
-    compiler); a failed build on a machine that has both fails."""
-    if c_kernel.cpu_supported():
-        pytest.skip(c_kernel.cpu_supported())
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no C compiler on this machine")
-    assert c_kernel.load_attention() is not None, c_kernel.status()
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -68,7 +57,7 @@ SHAPES = [  # B, nh, T, P, hs
 
 @pytest.mark.parametrize("B, nh, T, P, hs", SHAPES)
 def test_kernel_matches_the_float64_reference(B, nh, T, P, hs):
-    kernel_or_skip()
+    kernels_or_skip()
     q, k, v = cached_inputs(B, nh, T, P, hs, seed=T * 100 + P)
     assert runs_on_kernel(q, k, v)
     got = causal_attention(q, k, v)
@@ -88,7 +77,7 @@ def test_sdpa_path_matches_the_same_reference(B, nh, T, P, hs):
 def test_reference_check_fails_a_kernel_that_ignores_the_causal_rule():
     """The check above can fail: letting every query see every key (no mask)
     is caught on a verification shape."""
-    kernel_or_skip()
+    kernels_or_skip()
     q, k, v = cached_inputs(1, 4, 5, 20, 64)
     unmasked = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, 5, 256)
     assert (unmasked - reference(q, k, v)).abs().max().item() > 100 * ATOL
@@ -100,7 +89,7 @@ def test_the_kernel_writes_the_new_keys_and_values_into_the_cache_first():
     """Given k_new and v_new (as gpt2/block_loop.py's C loop passes them,
     views of c_attn's output), the kernel stores them at the last T positions
     of the cache and then attends: the same as writing them first."""
-    kernel_or_skip()
+    kernels_or_skip()
     B, nh, T, P, hs = 2, 4, 5, 30, 64
     g = torch.Generator().manual_seed(11)
     qkv = torch.randn(B, T, 3 * nh * hs, generator=g)  # (B, T, 3C)
@@ -122,7 +111,7 @@ def test_the_kernel_writes_the_new_keys_and_values_into_the_cache_first():
 def test_large_scores_do_not_overflow():
     """Scores of +-1000 (far outside exp's float32 range before the max is
     subtracted) give the one-hot softmax, not inf or nan."""
-    kernel_or_skip()
+    kernels_or_skip()
     q, k, v = cached_inputs(1, 2, 3, 10, 8)
     q = q * 300.0
     got = causal_attention(q, k, v)
@@ -152,7 +141,7 @@ def test_what_the_kernel_cannot_take_goes_to_sdpa_with_the_same_result(case):
 
 
 def test_plain_linear_switches_the_attention_kernel_off_too():
-    kernel_or_skip()
+    kernels_or_skip()
     q, k, v = cached_inputs(1, 4, 2, 10, 64)
     assert runs_on_kernel(q, k, v)
     with plain_linear():

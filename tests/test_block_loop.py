@@ -9,13 +9,12 @@ against PyTorch's); a block wired wrong is off by more than 1e-2."""
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 
 import pytest
 import torch
 
-from gpt2 import GPT2, GPT2Config, block_loop, c_kernel, init_random_weights
+from conftest import kernels_or_skip
+from gpt2 import GPT2, GPT2Config, block_loop, init_random_weights
 from gpt2.attention import KERNEL_MAX_QUERIES, plain_attention
 from gpt2.block_loop import block_pointers, module_blocks, runs_block_loop
 from gpt2.linear import plain_linear
@@ -23,16 +22,6 @@ from gpt2.linear import plain_linear
 # hs = 16 (a multiple of 8, as the kernels need), 3 blocks.
 ATOL = 1e-4
 CONFIG = GPT2Config(n_layer=3, n_head=4, n_embd=64, vocab_size=101, n_ctx=64)
-
-
-def kernels_or_skip() -> None:
-    """Skipped only where the kernels truly cannot exist (another CPU, no C
-    compiler); a failed build on a machine that has both fails."""
-    if c_kernel.cpu_supported():
-        pytest.skip(c_kernel.cpu_supported())
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no C compiler on this machine")
-    assert c_kernel.load_blocks() is not None, c_kernel.status()
 
 
 def new_model(seed: int = 0) -> GPT2:

@@ -15,24 +15,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import kernels_or_skip
 from gpt2 import c_kernel
 from gpt2 import linear as gpt2_linear
 from gpt2.linear import KERNEL_MAX_ROWS, Linear, linear, pack_pairs, plain_linear, runs_on_kernel
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def kernel_or_skip():
-    """The loaded kernel. Skipped only where it truly cannot exist (another
-    CPU, no C compiler); a failed build on a machine that has both fails."""
-    unsupported = c_kernel.cpu_supported()
-    if unsupported:
-        pytest.skip(unsupported)
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no C compiler on this machine")
-    kernel = c_kernel.load()
-    assert kernel is not None, c_kernel.status()
-    return kernel
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -54,7 +42,7 @@ def test_pack_pairs_layout():
 @pytest.mark.parametrize("in_features, out_features", [(8, 1), (24, 7), (32, 101), (1280, 64)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_kernel_matches_float64_reference(rows, in_features, out_features, with_bias):
-    kernel_or_skip()
+    kernels_or_skip()
     g = torch.Generator().manual_seed(rows * 1000 + in_features + out_features)
     x = torch.randn(rows, in_features, generator=g)
     w = torch.randn(out_features, in_features, generator=g)
@@ -68,7 +56,7 @@ def test_kernel_matches_float64_reference(rows, in_features, out_features, with_
 
 def test_kernel_fails_this_check_on_a_wrong_layout():
     """The reference comparison above catches a kernel fed a wrongly packed W."""
-    kernel = kernel_or_skip()
+    kernel = kernels_or_skip()
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(5, 32, generator=g), torch.randn(6, 32, generator=g)
     wrong = w.reshape(3, 2, 4, 8).contiguous()  # pairs not interleaved by 8-float blocks
@@ -81,7 +69,7 @@ def fused_kernel(x, w, b, norm, gelu, residual):
     """residual + gelu(norm(x) W^T + b) through the C function few_rows_linear
     with its optional parts, as gpt2/block_loop.py's C loop calls it.
     x: (N, in); w: (out, in); norm: a LayerNorm over in, or None."""
-    kernel = kernel_or_skip()
+    kernel = kernels_or_skip()
     rows, in_features = x.shape
     out_features = w.shape[0]
     packed = pack_pairs(w)  # (ceil(out / 2), in / 8, 2, 8)
@@ -163,7 +151,7 @@ def test_gelu_of_large_inputs_stays_finite_and_exact():
 
 
 def test_batched_and_strided_input_keep_their_shape():
-    kernel_or_skip()
+    kernels_or_skip()
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 48, 3, generator=g).transpose(1, 2)  # (B=2, T=3, C=48), not contiguous
     w, b = torch.randn(40, 48, generator=g), torch.randn(40, generator=g)
@@ -201,7 +189,7 @@ def test_what_the_kernel_cannot_take_is_exactly_f_linear(case):
 
 
 def test_plain_linear_switches_the_kernel_off():
-    kernel_or_skip()
+    kernels_or_skip()
     x, w = torch.randn(2, 16), torch.randn(8, 16)
     assert runs_on_kernel(x, w, None)
     with plain_linear():
@@ -211,7 +199,7 @@ def test_plain_linear_switches_the_kernel_off():
 
 
 def test_a_changed_weight_is_packed_again():
-    kernel_or_skip()
+    kernels_or_skip()
     layer = Linear(16, 8)
     torch.nn.init.normal_(layer.weight, generator=torch.Generator().manual_seed(3))
     torch.nn.init.zeros_(layer.bias)
@@ -225,7 +213,7 @@ def test_a_changed_weight_is_packed_again():
 
 
 def test_prepare_packs_at_load_time_exactly_the_weights_the_kernel_takes():
-    kernel_or_skip()
+    kernels_or_skip()
     from gpt2 import GPT2, GPT2Config
 
     model = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_ctx=8)).eval()
@@ -274,7 +262,7 @@ def test_without_a_working_compiler_it_falls_back_and_says_why(tmp_path, compile
 
 
 def test_the_build_is_cached_by_its_recipe(tmp_path):
-    kernel_or_skip()
+    kernels_or_skip()
     compiler = shutil.which(os.environ.get("CC", "cc"))
     first = c_kernel.build(compiler, tmp_path)
     stamp = first.stat().st_mtime_ns

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import TINY, hub_state_dict, make_hf_model, write_checkpoint
+from conftest import TINY, hub_state_dict, kernels_or_skip, make_hf_model, write_checkpoint
 from gpt2 import GPT2Config, generate, load_model
 from gpt2 import linear as gpt2_linear
 from gpt2.block_loop import module_blocks, runs_block_loop
@@ -21,7 +21,6 @@ from gpt2.loading import resolve_quantize
 from gpt2.quantize import dequantize_rows, quantize_model_int8, quantize_rows_int8
 from spec_decoding import speculative_generate
 from spec_helpers import perturbed_copy, single_thread, tiny_gpt2  # noqa: F401
-from test_linear import kernel_or_skip
 
 # ---------------------------------------------------------------------------
 # The rounding
@@ -59,7 +58,7 @@ def test_the_rounding_error_is_at_most_half_a_level():
 def int8_kernel(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """x (N, in) times the int8 weights q (out, in) with their rows' scales,
     through the C function few_rows_linear."""
-    kernel = kernel_or_skip()
+    kernel = kernels_or_skip()
     rows, in_features = x.shape
     out_features = q.shape[0]
     packed = pack_pairs(q)  # (ceil(out / 2), in / 8, 2, 8) int8
@@ -111,7 +110,7 @@ def quantised(seed: int = 0):
 
 
 def test_every_weight_matrix_is_its_quantised_value_and_the_kernel_reads_int8():
-    kernel_or_skip()
+    kernels_or_skip()
     original = tiny_gpt2(CONFIG, seed=0)
     model = quantised(seed=0)
     matrices = model.matrix_weights()
@@ -141,7 +140,7 @@ def test_the_int8_kernel_block_loop_and_modules_compute_the_same_quantised_model
     modules on int8 weights, and F.linear + SDPA on the float32 weights
     (which hold the quantised values). Equal within 1e-4 on logits of scale
     ~10 (float32 rounding); the float32 original differs by far more."""
-    kernel_or_skip()
+    kernels_or_skip()
     model = quantised()
     g = torch.Generator().manual_seed(4)
     prompt, new = torch.randint(64, (1, 9), generator=g), torch.randint(64, (1, T), generator=g)
@@ -157,7 +156,7 @@ def test_the_int8_kernel_block_loop_and_modules_compute_the_same_quantised_model
 
 
 def test_a_quantised_weight_changed_later_is_read_as_its_new_float32_values():
-    kernel_or_skip()
+    kernels_or_skip()
     model = quantised()
     weight = model.h[0].mlp.c_fc.weight
     with torch.no_grad():
