@@ -45,6 +45,10 @@ def test_a_short_run_writes_the_report_and_the_bound(tmp_path, capsys):
             # the fraction pairs each step with its own bandwidth sample: median of bound_i / step_i
             expected = sorted(e["step_bytes"] / bw / t for bw, t in zip(bandwidth, steps))
             assert e["fraction_of_bound"] == pytest.approx(sum(expected) / 2)
+            # r_5 pairs the verification and the step of each repeat: the median of t_v(5)_i / t_step_i
+            verify = entry["samples"][f"{slot} k=5"]
+            assert e["r"]["5"] == pytest.approx(sum(v / t for v, t in zip(verify, steps)) / 2)
+            assert e["r_of_medians"]["5"] == pytest.approx(e["verify_s"]["5"] / e["step_s"])
         assert set(entry["short"]["r"]) == {"2", "5"} and set(entry["long"]["r"]) == {"5"}  # JSON keys
 
 
