@@ -271,11 +271,12 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
     print(f"[{name}] building the model with random weights ...", file=sys.stderr, flush=True)
     model = random_model(config, device=CPU, dtype=DTYPE, seed=args.seed)
     runners: list = [OursRunner(model)]
-    int8_model = None
+    int8_model = int8_runner = None
     if args.int8:
         print(f"[{name}] the same weights quantised to int8 ...", file=sys.stderr, flush=True)
         int8_model = random_model(config, device=CPU, dtype=DTYPE, seed=args.seed, quantize="int8")
-        runners.append(OursRunner(int8_model, label=INT8_LABEL))
+        int8_runner = OursRunner(int8_model, label=INT8_LABEL)
+        runners.append(int8_runner)
     if args.module_blocks:
         runners.append(OursRunner(model, plain="blocks"))
     if args.plain_attention:
@@ -302,11 +303,10 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
     contexts = {slot: p.size(1) for slot, p in prompts.items()}
 
     with torch.inference_mode():
-        float32_runners = [r for r in runners if r.label != INT8_LABEL]
-        diffs = check_same_logits(float32_runners, prompt, drafts)
-        if int8_model is not None:  # another model: checked against itself on the readable path
+        diffs = check_same_logits([r for r in runners if r is not int8_runner], prompt, drafts)
+        if int8_runner is not None:  # another model: checked against itself on the readable path
             readable = OursRunner(int8_model, plain="linear")
-            diffs[INT8_LABEL] = check_same_logits([readable, runners[1]], prompt, drafts)[INT8_LABEL]
+            diffs[INT8_LABEL] = check_same_logits([readable, int8_runner], prompt, drafts)[INT8_LABEL]
         print(f"[{name}] max |logits - ours|: {diffs}", file=sys.stderr, flush=True)
         worst = max(diffs.values())
         if worst > 1e-3:
@@ -327,7 +327,7 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
         s = samples[r.label]
         entry = {"samples": s, "prefill_s": median(s["prefill"])}
         for slot in prompts:
-            nbytes = result["step_bytes"][slot] if r.label != INT8_LABEL else step_bytes(int8_model, contexts[slot])
+            nbytes = step_bytes(int8_model, contexts[slot]) if r is int8_runner else result["step_bytes"][slot]
             steps, bandwidth = s[f"{slot} k=1"], s[f"{slot} bandwidth"]
             t_step = median(steps)
             # Each step against the bound of the bandwidth sampled around it, then the median.
@@ -346,7 +346,7 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> d
             entry[slot]["r_of_medians"] = {k: t / t_step for k, t in entry[slot]["verify_s"].items()}
         result["implementations"][r.label] = entry
 
-    del runners, model, int8_model
+    del runners, model, int8_model, int8_runner
     gc.collect()
     return result
 

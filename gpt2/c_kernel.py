@@ -2,11 +2,12 @@
 
 The kernels, for x86-64 CPUs with AVX2 and FMA, make a decode step and a
 verification pass cost about what reading the model from memory costs:
-`few_rows_linear.c` (used by `gpt2/linear.py`: the matrix products, with the
-layer norm before and the GELU and residual after), `few_queries_attention.c`
-(used by `gpt2/attention.py`: attention over the KV cache) and
-`few_rows_blocks.c` (used by `gpt2/block_loop.py`: all blocks of a step in one
-call of the other two), with the vector helpers of `vector_math.h`. They are
+`few_rows_linear.c` (used by `gpt2/linear.py`: the matrix products, float32
+or int8 weights), `few_queries_attention.c` (used by `gpt2/attention.py`:
+attention over the KV cache) and `few_rows_blocks.c` (used by
+`gpt2/block_loop.py`: all blocks of a step in one C call of the other two,
+which then also do the layer norms, GELU, residuals and cache writes), with
+the vector helpers of `vector_math.h`. They are
 built into one library on first use with the system C compiler (`$CC`, else
 `cc`) into a cache folder, and called through `ctypes`, so they need no build
 step at install time and no PyTorch headers (compiling takes about a second).
@@ -40,7 +41,7 @@ import torch
 SOURCES = tuple(
     Path(__file__).with_name(name) for name in ("few_rows_linear.c", "few_queries_attention.c", "few_rows_blocks.c")
 )
-HEADERS = (Path(__file__).with_name("vector_math.h"),)  # included by both; part of the recipe
+HEADERS = (Path(__file__).with_name("vector_math.h"),)  # included by the sources: part of the recipe
 
 # -fopenmp: the loops are split across threads with OpenMP. The library asks for
 # libgomp.so.1, which PyTorch has already loaded, so both share one thread pool

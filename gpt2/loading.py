@@ -26,7 +26,7 @@ import torch
 
 from .config import GPT2Config
 from .model import GPT2
-from .quantize import quantize_model_int8
+from .quantize import quantize_model_int8, resolve_quantize
 
 WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
 MODEL_FILES = ("config.json", "model.safetensors")
@@ -82,29 +82,6 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if device.type == "mps" and dtype == torch.bfloat16:
         raise ValueError("bfloat16 is not supported on mps here: use float16 or float32")
     return dtype
-
-
-QUANTIZATIONS = ("none", "int8")
-
-
-def resolve_quantize(quantize: str | None, device: torch.device, dtype: torch.dtype) -> str | None:
-    """Checks a weight quantisation choice: None or "none" (the checkpoint's
-    weights as they are) or "int8" (gpt2/quantize.py), which is for the CPU
-    in float32. Returns None or "int8".
-
-    Raises:
-        ValueError: an unknown choice, or int8 on another device or dtype.
-    """
-    if quantize in (None, "none"):
-        return None
-    if quantize not in QUANTIZATIONS:
-        raise ValueError(f"unknown quantisation '{quantize}': choose none or int8")
-    if device.type != "cpu" or dtype != torch.float32:
-        raise ValueError(
-            f"int8 weights are for the CPU in float32, not {device.type} {str(dtype).removeprefix('torch.')}: "
-            "use --device cpu --dtype float32, or leave out --quantize (on a GPU, float16 is the fast option)"
-        )
-    return quantize
 
 
 def is_model_folder(source: str | Path) -> bool:

@@ -72,6 +72,29 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale[:, None]
 
 
+QUANTIZATIONS = ("none", "int8")
+
+
+def resolve_quantize(quantize: str | None, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Checks a weight quantisation choice: None or "none" (the checkpoint's
+    weights as they are) or "int8" (this file), which is for the CPU in
+    float32. Returns None or "int8".
+
+    Raises:
+        ValueError: an unknown choice, or int8 on another device or dtype.
+    """
+    if quantize in (None, "none"):
+        return None
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantisation '{quantize}': choose none or int8")
+    if device.type != "cpu" or dtype != torch.float32:
+        raise ValueError(
+            f"int8 weights are for the CPU in float32, not {device.type} {str(dtype).removeprefix('torch.')}: "
+            "use --device cpu --dtype float32, or leave out --quantize (on a GPU, float16 is the fast option)"
+        )
+    return quantize
+
+
 def quantize_model_int8(model: GPT2) -> GPT2:
     """Quantises every weight matrix of `model` in place (see the module
     docstring) and gives the CPU kernel their int8 copies.
@@ -83,15 +106,9 @@ def quantize_model_int8(model: GPT2) -> GPT2:
         The same model, now the quantised model.
 
     Raises:
-        ValueError: the model is not on the CPU in float32 (int8 weights are
-            read by the CPU kernel; on a GPU use float16 instead).
+        ValueError: the model is not on the CPU in float32 (`resolve_quantize`).
     """
-    if model.device.type != "cpu" or model.dtype != torch.float32:
-        raise ValueError(
-            f"int8 weights are for the CPU in float32 (this model is on {model.device.type} in "
-            f"{str(model.dtype).removeprefix('torch.')}): use device cpu and dtype float32, or on a GPU float16 "
-            "without int8"
-        )
+    resolve_quantize("int8", model.device, model.dtype)
     with torch.no_grad():
         for weight in model.matrix_weights():
             q, scale = quantize_rows_int8(weight)
