@@ -331,7 +331,7 @@ def run(args: argparse.Namespace, prompt: str) -> int:
     import torch
 
     from gpt2 import resolve_device, resolve_dtype
-    from gpt2.loading import resolve_quantize
+    from gpt2.fast.quantize import resolve_quantize
     from spec_decoding import SpecStats, speculative_generate
 
     device = resolve_device(args.device)
@@ -490,17 +490,18 @@ def print_rows(rows: list[tuple[str, str]], width: int = 19) -> None:
 def print_stats(args: argparse.Namespace, stats, n_new: int, timings: dict, stop: str) -> None:
     from spec_decoding import expected_tokens_per_step
 
-    alpha = stats.acceptance_rate
-    judged_alpha = stats.judged_acceptance_rate  # the alpha of Leviathan's formula
     print()
     print_rows([
         ("new tokens", f"{n_new} in {stats.target_calls} target calls, {stop}"),
-        ("acceptance rate α", f"{alpha:.3f} ({stats.accepted} of {stats.drafted} drafted tokens accepted)"),
+        (
+            "acceptance α",
+            f"{stats.alpha:.3f} (accepted / judged drafts; {stats.accepted} of {stats.drafted} drafted tokens "
+            "accepted)",
+        ),
         (
             "tokens/target call",
             f"{stats.tokens_per_target_call:.2f} (at most {args.gamma + 1}; "
-            f"{expected_tokens_per_step(judged_alpha, args.gamma):.2f} expected from the per-token "
-            f"acceptance {judged_alpha:.3f}, Leviathan et al. eq. 1)",
+            f"{expected_tokens_per_step(stats.alpha, args.gamma):.2f} expected at this α, Leviathan et al. eq. 1)",
         ),
         ("forward calls", f"target {stats.target_calls}, draft {stats.draft_calls} (after the prompt's prefill)"),
         (

@@ -1,12 +1,12 @@
 """A hand-written GPT-2 with a preallocated KV cache, the official checkpoints'
-loader, the GPT-2 tokenizer, and plain autoregressive generation."""
+loader, the GPT-2 tokenizer, and plain autoregressive generation. The
+optional C fast path for CPUs lives apart, in gpt2/fast."""
 
 from .config import PRESETS, GPT2Config, preset
 from .generate import generate
 from .kv_cache import KVCache
 from .loading import load_model, resolve_device, resolve_dtype
 from .model import GPT2, init_random_weights
-from .quantize import quantize_model_int8
 from .sampling import SamplingConfig, logits_to_probs, next_token, sample
 from .tokenizer import END_OF_TEXT_ID, load_tokenizer
 
@@ -24,7 +24,6 @@ __all__ = [
     "logits_to_probs",
     "next_token",
     "preset",
-    "quantize_model_int8",
     "resolve_device",
     "resolve_dtype",
     "sample",

@@ -10,10 +10,43 @@ as the last token. Nothing follows it.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from .model import GPT2
 from .sampling import SamplingConfig, next_token
+
+
+def check_integer(value, name: str, minimum: int) -> int:
+    """`value` as an int if it is an integer (any integer type: int,
+    numpy.int64, a 0-d integer tensor; not bool) >= minimum.
+
+    Raises:
+        ValueError: anything else, naming `name` and what it must be.
+    """
+    if not isinstance(value, bool):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            number = None
+        if number is not None and number >= minimum:
+            return number
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_eos_id(eos_id, vocab_size: int) -> int | None:
+    """None, or a token id in [0, vocab_size).
+
+    Raises:
+        ValueError: another value (e.g. -1, or an id past the vocabulary).
+    """
+    if eos_id is None:
+        return None
+    eos = check_integer(eos_id, "eos_id", 0)
+    if eos >= vocab_size:
+        raise ValueError(f"eos_id must be a token id in [0, {vocab_size}) or None, got {eos_id!r}")
+    return eos
 
 
 def check_prompt(input_ids: torch.Tensor, n_ctx: int, vocab_size: int) -> None:
@@ -39,9 +72,19 @@ def check_prompt(input_ids: torch.Tensor, n_ctx: int, vocab_size: int) -> None:
         raise ValueError(f"token ids must lie in [0, {vocab_size}), got ids from {lo} to {hi}")
 
 
-def check_max_new_tokens(max_new_tokens: int) -> None:
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+def check_max_new_tokens(max_new_tokens) -> int:
+    """max_new_tokens as an int >= 0, or a ValueError."""
+    return check_integer(max_new_tokens, "max_new_tokens", 0)
+
+
+def check_model(model, role: str = "model") -> None:
+    """Raises ValueError unless `model` is a GPT2 (e.g. a Hub id string given
+    where a loaded model is meant)."""
+    if not isinstance(model, GPT2):
+        raise ValueError(
+            f"the {role} must be a loaded GPT2 model, got {type(model).__name__}: "
+            "load it first with gpt2.load_model('gpt2')"
+        )
 
 
 @torch.inference_mode()
@@ -79,8 +122,10 @@ def generate(
         ValueError: a bad prompt or setting (the message says how to fix it).
     """
     config = SamplingConfig(temperature, top_k, top_p)
-    check_max_new_tokens(max_new_tokens)
+    check_model(model)
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_prompt(input_ids, model.config.n_ctx, model.config.vocab_size)
+    eos_id = check_eos_id(eos_id, model.config.vocab_size)
     B, T = input_ids.size()
     n_new = min(max_new_tokens, model.config.n_ctx - T)  # never past the context window
     if n_new == 0:

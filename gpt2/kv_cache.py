@@ -1,14 +1,17 @@
-"""A preallocated key/value cache for GPT-2 decoding.
+"""A preallocated key/value cache for GPT-2 decoding, with a length per row.
 
-Legend: L = layers, B = batch, nh = heads, S = cache capacity (n_ctx),
-hs = head size, T = tokens written by one forward pass.
+Legend: L = layers, B = rows (batch), nh = heads, S = capacity (positions),
+hs = head size, T = new tokens per row in one forward pass.
 
 Keys and values of every layer live in two buffers allocated once,
-(L, B, nh, S, hs). A forward pass writes its T new positions at
-[length, length + T) and attends over [0, length + T). Rewinding is one integer
-assignment: the slots past the new length are never read again (attention only
-looks at [0, length)) and the next write overwrites them. That is what makes
-rejecting drafted tokens free in speculative decoding (the idea as in gpt-fast).
+(L, B, nh, S, hs). Row b holds `lengths[b]` positions, [0, lengths[b]); a
+forward pass writes its T new positions at [lengths[b], lengths[b] + T) and
+then moves the length on. Rewinding is setting a length back: the slots past
+it are never read again and the next write overwrites them. That is what makes
+rejecting drafted tokens free in speculative decoding (the idea as in
+gpt-fast). Rows may have different lengths (a batch of prompts of different
+lengths, each accepting its own number of drafted tokens); attention masks the
+slots a row does not have (gpt2/model.py `visible_keys`).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ class KVCache:
     """Keys and values of the tokens a model has already processed.
 
     Attributes:
-        k, v: (L, B, nh, S, hs) buffers; only positions [0, length) are valid.
-        length: number of valid positions; the next token goes at `length`.
-        capacity: S, the most positions the cache can hold (= n_ctx).
+        k, v: (L, B, nh, S, hs) buffers; row b's valid positions are [0, lengths[b]).
+        lengths: (B,) int64 on the CPU, the positions each row holds; the
+            next token of row b goes at lengths[b].
+        capacity: S, the most positions a row can hold.
     """
 
     def __init__(
@@ -32,53 +36,89 @@ class KVCache:
         config: GPT2Config,
         batch_size: int = 1,
         *,
+        capacity: int | None = None,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        shape = (config.n_layer, batch_size, config.n_head, config.n_ctx, config.head_size)
-        # torch.empty, not zeros: a slot is always written before it is read
-        # (attention reads [0, length + T) only), and zero-filling gpt2-large's
-        # 377 MB of buffers cost ~380 ms per new cache, i.e. three decode steps
-        # of start-up for every generation (untouched pages cost nothing).
-        self.k = torch.empty(shape, device=device, dtype=dtype)  # (L, B, nh, S, hs)
-        self.v = torch.empty(shape, device=device, dtype=dtype)  # (L, B, nh, S, hs)
-        self.capacity = config.n_ctx
-        self.length = 0
+        capacity = config.n_ctx if capacity is None else capacity
+        assert 1 <= capacity <= config.n_ctx, f"capacity {capacity} outside [1, n_ctx = {config.n_ctx}]"
+        shape = (config.n_layer, batch_size, config.n_head, capacity, config.head_size)
+        # One row reads only slots it has written, so its buffers can start as
+        # they are (zero-filling gpt2-large's 377 MB costs ~0.4 s). Rows of a
+        # batch also see (masked) slots up to the longest row's length, and a
+        # masked score still multiplies its value: 0 x NaN would be NaN, so
+        # those buffers start at zero.
+        allocate = torch.empty if batch_size == 1 else torch.zeros
+        self.k = allocate(shape, device=device, dtype=dtype)  # (L, B, nh, S, hs)
+        self.v = allocate(shape, device=device, dtype=dtype)  # (L, B, nh, S, hs)
+        self.lengths = torch.zeros(batch_size, dtype=torch.int64)  # (B,)
+        self.capacity = capacity
 
     @property
     def batch_size(self) -> int:
         return self.k.size(1)
 
+    @property
+    def length(self) -> int:
+        """The positions held, when every row holds the same number (one sequence)."""
+        first = int(self.lengths[0])
+        assert bool((self.lengths == first).all()), f"rows hold different lengths {self.lengths.tolist()}"
+        return first
+
     def check_room(self, num_new: int) -> None:
-        """Raises ValueError if `num_new` more positions do not fit."""
-        if self.length + num_new > self.capacity:
+        """Raises ValueError if `num_new` more positions do not fit in every row."""
+        longest = int(self.lengths.max())
+        if longest + num_new > self.capacity:
             raise ValueError(
-                f"the sequence would reach {self.length + num_new} tokens but the model's context "
-                f"window is {self.capacity}: use a shorter prompt or fewer new tokens"
+                f"the sequence would reach {longest + num_new} tokens but this cache holds {self.capacity} "
+                "positions (the model's context window, or less): use a shorter prompt or fewer new tokens"
             )
 
-    def write(
-        self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stores the new keys and values of `layer` at [start, start + T).
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stores the new keys and values of `layer` at each row's length.
 
         Args:
             layer: the block index.
-            start: the first position written; the model passes `length`.
             k, v: (B, nh, T, hs) keys and values of the new tokens.
 
         Returns:
-            Keys and values of positions [0, start + T): two (B, nh, start + T, hs)
-            views into the buffers (no copy).
+            Keys and values of positions [0, max(lengths) + T): two
+            (B, nh, max(lengths) + T, hs) views into the buffers (no copy).
+            Row b's slots [lengths[b] + T, ...) in them are not its own.
         """
         T = k.size(2)
-        end = start + T
-        assert end <= self.capacity, f"cache write [{start}, {end}) past capacity {self.capacity}"
-        self.k[layer, :, :, start:end] = k  # (B, nh, T, hs) into (B, nh, S, hs)
-        self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, start + T, hs)
+        starts = self.lengths.tolist()
+        for b, start in enumerate(starts):
+            self.k[layer, b, :, start : start + T] = k[b]  # (nh, T, hs) into (nh, S, hs)
+            self.v[layer, b, :, start : start + T] = v[b]
+        end = max(starts) + T
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, end, hs)
 
-    def rewind(self, length: int) -> None:
-        """Forgets every position from `length` on, in O(1): no copy, no recompute."""
-        assert 0 <= length <= self.length, f"cannot rewind a cache of length {self.length} to {length}"
-        self.length = length
+    def advance(self, num_new: int) -> None:
+        """Every row now also holds the `num_new` positions just written."""
+        self.lengths += num_new
+
+    def rewind(self, length: int | torch.Tensor) -> None:
+        """Forgets every position from `length` on (one int for all rows, or a
+        (B,) tensor), in O(1): no copy, no recompute."""
+        lengths = torch.as_tensor(length, dtype=torch.int64).expand(self.batch_size)  # (B,)
+        assert bool((lengths >= 0).all() and (lengths <= self.lengths).all()), (
+            f"cannot rewind lengths {self.lengths.tolist()} to {lengths.tolist()}"
+        )
+        self.lengths = lengths.clone()
+
+    def keep(self, row: int, start: int, positions: torch.Tensor) -> None:
+        """Moves the keys and values of `positions` of `row` to the contiguous
+        slots [start, start + n), in order, and sets the row's length to
+        start + n: what is left of a verified token tree, its accepted path.
+
+        Args:
+            row: the row.
+            start: the first slot of the tree (the row's length before it).
+            positions: (n,) slot indices >= start, increasing.
+        """
+        n = positions.numel()
+        index = positions.to(self.k.device)
+        self.k[:, row, :, start : start + n] = self.k[:, row, :, index]  # (L, nh, n, hs) gathered
+        self.v[:, row, :, start : start + n] = self.v[:, row, :, index]
+        self.lengths[row] = start + n

@@ -26,7 +26,8 @@ import torch
 
 from .config import GPT2Config
 from .model import GPT2
-from .quantize import quantize_model_int8, resolve_quantize
+from .fast import accelerate as accelerate_model
+from .fast.quantize import quantize_model_int8, resolve_quantize
 
 WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
 MODEL_FILES = ("config.json", "model.safetensors")
@@ -278,6 +279,7 @@ def load_model(
     dtype: str | torch.dtype = torch.float32,
     weights_dir: str | Path | None = None,
     quantize: str | None = None,
+    accelerate: bool = True,
 ) -> GPT2:
     """Loads a GPT-2 checkpoint.
 
@@ -290,9 +292,11 @@ def load_model(
             (or their names).
         weights_dir: where Hub downloads go (default: the repository's weights/).
         quantize: None (or "none"), or "int8": every weight matrix rounded
-            to int8 with a scale per row, read as int8 by the CPU kernel
-            (gpt2/quantize.py; CPU and float32 only). The model is then the
-            quantised model.
+            to int8 with a scale per row (gpt2/fast/quantize.py; CPU and
+            float32 only). The model is then the quantised model.
+        accelerate: on a CPU in float32, plug in the C fast path
+            (`gpt2.fast.accelerate`; where it can run, else the model keeps
+            its readable path). False: the readable path.
 
     Returns:
         The model in eval mode on `device` in `dtype`.
@@ -312,7 +316,9 @@ def load_model(
     load_weights(model, state, source=str(folder / "model.safetensors"))
     del state
     model = model.to(device=dev, dtype=dt).eval()
-    if quantization == "int8":
+    int8 = quantization == "int8"
+    if accelerate and dev.type == "cpu" and dt == torch.float32:
+        accelerate_model(model, int8=int8)  # packs the kernels' weight copies now, not at the first pass
+    elif int8:
         quantize_model_int8(model)
-    model.prepare_linear_layers()
     return model

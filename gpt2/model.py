@@ -1,22 +1,24 @@
 """GPT-2 (Radford et al. 2019), written out by hand.
 
-Legend: B = batch, T = tokens in this forward pass, P = positions already in the
-KV cache, C = n_embd, nh = n_head, hs = head size (C // nh), V = vocab size.
+Legend: B = batch, T = new tokens in this forward pass, K = keys attended
+over (the cached positions plus the T new ones), C = n_embd, nh = n_head,
+hs = head size (C // nh), V = vocab size.
 
-The architecture is GPT-2's: token + learned position embeddings, n_layer
-pre-LayerNorm blocks (causal self-attention, then an MLP with the
-tanh-approximated GELU), a final LayerNorm, and an LM head tied to the token
-embedding. Parameter names are the checkpoint's (`wte`, `wpe`, `h.N.ln_1`,
-`h.N.attn.c_attn`, ...), so loading is a name-for-name copy (see loading.py).
+Token + learned position embeddings, n_layer pre-LayerNorm blocks (causal
+self-attention, then an MLP with the tanh-approximated GELU), a final
+LayerNorm, and an LM head tied to the token embedding. Parameter names are
+the checkpoint's (`wte`, `wpe`, `h.N.ln_1`, `h.N.attn.c_attn`, ...), so
+loading is a name-for-name copy (loading.py transposes the four Conv1D
+weights into nn.Linear's (out, in) layout).
 
-Weight layout: every linear layer stores its weight as (out_features,
-in_features), like `nn.Linear`. The checkpoint's Conv1D weights are stored
-(in, out); loading.py transposes them once. All products go through
-`linear.linear` and all attention through `attention.causal_attention`: the
-two places where a faster CPU path is chosen. On a CPU, a decode step or a
-verification pass may run all blocks in one C call instead of the loop over
-the Block modules (`block_loop.block_loop`, the one speed trick of
-`GPT2.forward`); that loop is the definition.
+Decoding feeds a few new tokens at a time on top of a KV cache. A `mask`
+says which of the new tokens each one sees: the earlier ones (causal, the
+default), or only its ancestors when the new tokens form a token tree
+(spec_decoding/tree.py). A token's position is its row's cache length plus
+the number of new tokens before it that it sees.
+
+One seam lets a faster implementation of the same computation take a pass:
+`GPT2.accelerator` (gpt2/fast puts its C kernels there; None keeps this file's code).
 """
 
 from __future__ import annotations
@@ -25,39 +27,39 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import causal_attention
-from .block_loop import block_loop
 from .config import GPT2Config
 from .kv_cache import KVCache
-from .linear import Linear, linear, prepare
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPT2Config, layer: int) -> None:
         super().__init__()
-        self.layer = layer
+        self.layer = layer  # which slice of the KV cache is ours
         self.n_head = config.n_head
-        self.c_attn = Linear(config.n_embd, 3 * config.n_embd)  # x -> q, k, v
-        self.c_proj = Linear(config.n_embd, config.n_embd)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # x -> q, k, v
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+    def forward(self, x: torch.Tensor, cache: KVCache | None, mask: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, C); mask: (B, 1, T, K) bool, True where a query may see a key. -> (B, T, C)"""
         B, T, C = x.size()
         nh, hs = self.n_head, C // self.n_head
-        qkv = self.c_attn(x).view(B, T, 3, nh, hs)  # (B, T, 3C) -> (B, T, 3, nh, hs)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
+        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, 3C) -> 3 x (B, T, C)
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs): the heads split
+        k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         if cache is not None:
-            # Attend over everything cached so far plus the T new positions.
-            k, v = cache.write(self.layer, start, k, v)  # (B, nh, P + T, hs)
-        # softmax(q k^T / sqrt(hs)) v, each new token seeing the keys up to its own position
-        y = causal_attention(q, k, v)  # (B, nh, T, hs), (B, nh, P + T, hs) x 2 -> (B, T, C)
+            k, v = cache.write(self.layer, k, v)  # (B, nh, K, hs): the cached positions and these T
+        # softmax(q k^T / sqrt(hs)) v: (B, nh, T, hs) x (B, nh, hs, K) -> (B, nh, T, K), x (B, nh, K, hs)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): the heads side by side again
         return self.c_proj(y)
 
 
 class MLP(nn.Module):
     def __init__(self, config: GPT2Config) -> None:
         super().__init__()
-        self.c_fc = Linear(config.n_embd, 4 * config.n_embd)
-        self.c_proj = Linear(4 * config.n_embd, config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
         h = F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4C); GPT-2's "gelu_new"
@@ -72,10 +74,33 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
-        x = x + self.attn(self.ln_1(x), cache, start)
+    def forward(self, x: torch.Tensor, cache: KVCache | None, mask: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        x = x + self.attn(self.ln_1(x), cache, mask)
         x = x + self.mlp(self.ln_2(x))
         return x
+
+
+def visible_keys(lengths: torch.Tensor, mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Which keys each new token may attend to, as SDPA wants it.
+
+    Row b's keys are its lengths[b] cached positions, all visible, then its T
+    new tokens at [lengths[b], lengths[b] + T), visible as `mask` says; the
+    slots past them (another row's, or stale) are not.
+
+    Args:
+        lengths: (B,) int64, the positions each row has cached.
+        mask: (T, T) bool, mask[t, u]: new token t sees new token u.
+
+    Returns:
+        (B, 1, T, K) bool with K = max(lengths) + T.
+    """
+    T = mask.size(0)
+    lengths = lengths.to(device)
+    K = int(lengths.max()) + T
+    new_index = torch.arange(K, device=device)[None, :] - lengths[:, None]  # (B, K): key j is new token j - lengths[b]
+    is_new = (new_index >= 0) & (new_index < T)  # (B, K)
+    seen_new = mask[:, new_index.clamp(0, T - 1)].permute(1, 0, 2) & is_new[:, None, :]  # (T, B, K) -> (B, T, K)
+    return ((new_index < 0)[:, None, :] | seen_new)[:, None]  # (B, 1, T, K): cached keys, and the new ones it sees
 
 
 class GPT2(nn.Module):
@@ -89,6 +114,9 @@ class GPT2(nn.Module):
         self.h = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         # The LM head has no weight of its own: it is wte (tied), see forward.
+        # The seam: an object that computes the blocks, ln_f and the LM head of
+        # a pass faster (gpt2/fast), or None.
+        self.accelerator = None
         init_random_weights(self)
 
     @property
@@ -99,76 +127,74 @@ class GPT2(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.wte.weight.dtype
 
-    def prepare_linear_layers(self) -> str:
-        """Chooses the path of every matrix product now, when the model is
-        loaded (gpt2/linear.py `prepare`): on a CPU in float32, packs the
-        kernel's copy of each linear weight and of the tied LM head (a model
-        moved or converted later is packed on first use instead). Returns
-        the one-line description of the chosen path."""
-        return prepare(self.matrix_weights())
-
-    def matrix_weights(self) -> list[torch.Tensor]:
-        """Every weight matrix a forward pass multiplies by: the four
-        projections of each block and wte, the tied LM head. (out, in) each."""
-        return [*(m.weight for m in self.modules() if isinstance(m, Linear)), self.wte.weight]
-
-    def new_cache(self, batch_size: int = 1) -> KVCache:
-        """An empty KV cache sized for this model (n_ctx positions)."""
-        return KVCache(self.config, batch_size, device=self.device, dtype=self.dtype)
+    def new_cache(self, batch_size: int = 1, capacity: int | None = None) -> KVCache:
+        """An empty KV cache for this model: `capacity` positions per row (default n_ctx)."""
+        return KVCache(self.config, batch_size, capacity=capacity, device=self.device, dtype=self.dtype)
 
     def forward(
         self,
         input_ids: torch.Tensor,
         cache: KVCache | None = None,
         *,
+        mask: torch.Tensor | None = None,
         last_logits_only: bool = False,
     ) -> torch.Tensor:
         """Runs the model on `input_ids`, continuing from `cache` if given.
 
         Args:
             input_ids: (B, T) LongTensor of token ids.
-            cache: a KVCache holding P earlier positions; the new tokens take
-                positions [P, P + T) and the cache grows by T. Without a cache
-                the tokens take positions [0, T).
+            cache: a KVCache whose row b holds lengths[b] earlier positions; the
+                new tokens are written after them and the lengths grow by T.
+                Without a cache the tokens are a sequence of their own.
+            mask: (T, T) bool, mask[t, u] = new token t sees new token u (its
+                diagonal must be True). None: causal, t sees u <= t. A token's
+                position is its row's length plus mask[t].sum() - 1, so a tree
+                node sits at its depth.
             last_logits_only: compute the LM head for the last position only
                 (prefill needs nothing else); the output is then (B, 1, V).
 
         Returns:
-            (B, T, V) logits, one row per position given: row t scores the token
+            (B, T, V) logits, one row per token given: row t scores the token
             that follows input_ids[:, t].
 
         Raises:
-            ValueError: the positions would run past the context window n_ctx.
+            ValueError: the positions would run past the context window n_ctx
+                (or past the cache's capacity).
         """
         B, T = input_ids.size()
-        P = 0 if cache is None else cache.length
-        if P + T > self.config.n_ctx:
+        if mask is None:
+            seen = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()  # (T, T): causal
+        else:
+            assert mask.shape == (T, T) and mask.dtype == torch.bool, f"mask must be ({T}, {T}) bool"
+            seen = mask.to(input_ids.device)
+        lengths = torch.zeros(B, dtype=torch.int64) if cache is None else cache.lengths  # (B,)
+        if int(lengths.max()) + T > self.config.n_ctx:
             raise ValueError(
-                f"{P + T} tokens do not fit GPT-2's context window of {self.config.n_ctx}: "
+                f"{int(lengths.max()) + T} tokens do not fit GPT-2's context window of {self.config.n_ctx}: "
                 "use a shorter prompt or fewer new tokens"
             )
         if cache is not None:
             assert cache.batch_size == B, f"cache batch {cache.batch_size} != input batch {B}"
+            cache.check_room(T)
 
-        pos = torch.arange(P, P + T, device=input_ids.device)  # (T,)
-        x = self.wte(input_ids) + self.wpe(pos)  # (B, T, C) + (T, C) -> (B, T, C)
+        depth = seen.sum(dim=1) - 1  # (T,): how many earlier new tokens each one sees
+        positions = lengths.to(input_ids.device)[:, None] + depth[None, :]  # (B, T)
+        x = self.wte(input_ids) + self.wpe(positions)  # (B, T, C)
 
-        # A decode step or verification pass on a CPU runs the blocks in one C
-        # call (gpt2/block_loop.py); the loop over the Block modules is the
-        # definition, and the path everything else takes.
-        looped = block_loop(self, x, cache, P)  # (B, T, C), or None: it cannot take this pass
-        if looped is not None:
-            x = looped
-        else:
+        logits = None
+        if self.accelerator is not None:  # the seam: the same computation, faster, or None
+            logits = self.accelerator(x, cache, mask, last_logits_only)
+        if logits is None:
+            attn_mask = visible_keys(lengths, seen, x.device)  # (B, 1, T, K)
             for block in self.h:
-                x = block(x, cache, P)  # (B, T, C)
+                x = block(x, cache, attn_mask)  # (B, T, C)
+            x = self.ln_f(x)  # (B, T, C)
+            if last_logits_only:
+                x = x[:, -1:, :]  # (B, 1, C)
+            logits = F.linear(x, self.wte.weight)  # (B, T, C) x (C, V) -> (B, T, V): the head is wte, tied
         if cache is not None:
-            cache.length = P + T
-
-        x = self.ln_f(x)  # (B, T, C)
-        if last_logits_only:
-            x = x[:, -1:, :]  # (B, 1, C)
-        return linear(x, self.wte.weight)  # (B, T, C) x (C, V) -> (B, T, V)
+            cache.advance(T)
+        return logits
 
 
 def init_random_weights(model: GPT2, *, std: float = 0.02, generator: torch.Generator | None = None) -> GPT2:

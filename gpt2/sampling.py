@@ -13,9 +13,16 @@ then top-p (nucleus sampling, Holtzman et al. 2020).
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from dataclasses import dataclass
 
 import torch
+
+# Below this temperature sampling is greedy: logits / temperature would
+# overflow float32 (for 1e-39, every logit becomes +-inf and the softmax NaN),
+# and at 1e-4 a logit gap of 0.01 is already a factor e^100.
+GREEDY_BELOW_TEMPERATURE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -23,7 +30,8 @@ class SamplingConfig:
     """How logits become a distribution.
 
     Attributes:
-        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        temperature: 0 means greedy (argmax); otherwise logits are divided by
+            it. A temperature below GREEDY_BELOW_TEMPERATURE (1e-4) is greedy too.
         top_k: keep only the k most likely tokens (None: all).
         top_p: keep the smallest set of most likely tokens whose probability
             reaches top_p (None or 1.0: all).
@@ -34,18 +42,29 @@ class SamplingConfig:
     top_p: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+        if (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, numbers.Real)
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
             raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise ValueError(f"top_k must be an integer >= 1 (or None for no limit), got {self.top_k!r}")
+        if self.top_k is not None:
+            try:
+                k = None if isinstance(self.top_k, bool) else operator.index(self.top_k)
+            except TypeError:
+                k = None
+            if k is None or k < 1:
+                raise ValueError(f"top_k must be an integer >= 1 (or None for no limit), got {self.top_k!r}")
+            object.__setattr__(self, "top_k", k)  # numpy.int64 and friends become int
         if self.top_p is not None and (
-            not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0)
+            isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real) or not (0.0 < self.top_p <= 1.0)
         ):
             raise ValueError(f"top_p must be in (0, 1] (or None for no limit), got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
 
 def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

@@ -4,7 +4,7 @@
 from .acceptance import Verdict, residual_distribution, speculative_sampling, speculative_sampling_greedy
 from .drafters import Draft, ModelDrafter, SimulatedDrafter
 from .loop import speculative_generate
-from .stats import SpecStats, expected_tokens_per_step
+from .stats import SpecStats, expected_tokens_per_step, improvement_factor, predicted_speedup
 
 __all__ = [
     "Draft",
@@ -13,6 +13,8 @@ __all__ = [
     "SpecStats",
     "Verdict",
     "expected_tokens_per_step",
+    "improvement_factor",
+    "predicted_speedup",
     "residual_distribution",
     "speculative_generate",
     "speculative_sampling",

@@ -56,9 +56,11 @@ class ModelDrafter:
         return self.model.config.n_ctx
 
     def prefill(self, prefix: torch.Tensor) -> None:
-        """Starts a new sequence: caches `prefix`, (1, P) tokens (P may be 0)."""
+        """Starts a new sequence: caches `prefix`, (1, P) tokens (P may be 0).
+        A prefix its window cannot hold is not cached: it could never draft
+        after it (`max_draft` is 0), and the loop takes plain target steps."""
         self.cache.rewind(0)
-        if prefix.size(1) > 0:
+        if 0 < prefix.size(1) < self.n_ctx:
             self.model(prefix, self.cache, last_logits_only=True)
 
     def max_draft(self, seq_len: int) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from gpt2.generate import check_max_new_tokens, check_prompt
+from gpt2.generate import check_eos_id, check_integer, check_max_new_tokens, check_model, check_prompt
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs
 
@@ -31,10 +31,13 @@ from .drafters import Draft, ModelDrafter
 from .stats import SpecStats
 
 
-def _clock(device: torch.device) -> float:
-    """Wall time, after the device has finished its queued work."""
+def clock(device: torch.device) -> float:
+    """Wall time in seconds, read after `device` has finished its queued work
+    (GPUs run ahead of Python: an unsynchronised clock times the launch only)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
     return time.perf_counter()
 
 
@@ -61,7 +64,8 @@ def speculative_generate(
     distribution. Stopping follows the baseline: after `max_new_tokens`, after
     the first `eos_id` (kept, nothing follows it), or at the target's context
     window. Near the end, fewer than gamma tokens are drafted so no model ever
-    runs past its context window or past the token budget.
+    runs past its context window or past the token budget; a sequence longer
+    than the draft's window goes on with plain target steps.
 
     Args:
         target: the large model whose output is reproduced.
@@ -84,20 +88,29 @@ def speculative_generate(
         (1, T + n) LongTensor of prompt + new tokens, and the run's SpecStats.
 
     Raises:
-        ValueError: bad settings, a prompt that does not fit, batch size > 1,
-            or draft and target with different vocabularies.
+        ValueError: bad settings, a prompt that does not fit the target's
+            window, batch size > 1, a draft or target of the wrong type, or
+            draft and target with different vocabularies.
     """
     sampling = SamplingConfig(temperature, top_k, top_p)
-    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
-        raise ValueError(f"gamma must be an integer >= 1 (tokens drafted per step), got {gamma!r}")
-    check_max_new_tokens(max_new_tokens)
-    drafter = draft if isinstance(draft, ModelDrafter) else ModelDrafter(draft)
+    gamma = check_integer(gamma, "gamma", 1)  # tokens drafted per step
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
+    check_model(target, "target")
+    if isinstance(draft, GPT2):
+        draft = ModelDrafter(draft)
+    if not isinstance(draft, ModelDrafter):
+        raise ValueError(
+            f"the draft must be a loaded GPT2 model or a drafter (spec_decoding.drafters), got "
+            f"{type(draft).__name__}: load it first with gpt2.load_model('gpt2')"
+        )
+    drafter = draft
     if drafter.vocab_size != target.config.vocab_size:
         raise ValueError(
             f"draft and target have different vocabularies ({drafter.vocab_size} vs "
             f"{target.config.vocab_size} tokens): pick a draft model from the target's family"
         )
-    check_prompt(input_ids, min(target.config.n_ctx, drafter.n_ctx), target.config.vocab_size)
+    check_prompt(input_ids, target.config.n_ctx, target.config.vocab_size)
+    eos_id = check_eos_id(eos_id, target.config.vocab_size)
     if input_ids.size(0) != 1:
         raise ValueError(f"speculative decoding runs one sequence at a time: got a batch of {input_ids.size(0)}")
 
@@ -121,13 +134,13 @@ def speculative_generate(
         # The step emits at most K + 1 tokens: K shrinks near the end.
         K = min(gamma, max_len - S - 1, drafter.max_draft(S))
 
-        t0 = _clock(device)
+        t0 = clock(device)
         if K > 0:
             proposal = drafter.propose(seq[:, :S], K, sampling, generator)
         else:  # no room to draft: a plain target step, verifying only the pending token
             no_probs = None if sampling.greedy else torch.empty(0, target.config.vocab_size, device=device)  # (0, V)
             proposal = Draft(tokens=seq.new_empty(0), probs=no_probs, forward_calls=0)  # (0,) tokens
-        t1 = _clock(device)
+        t1 = clock(device)
 
         verify_ids = torch.cat([seq[0, S - 1 : S], proposal.tokens])  # (K + 1,): pending token + drafts
         logits = target(verify_ids[None], target_cache)[0]  # (1, K + 1) -> (K + 1, V)
@@ -136,7 +149,7 @@ def speculative_generate(
         else:
             target_probs = logits_to_probs(logits, sampling)  # (K + 1, V)
             verdict = speculative_sampling(target_probs, proposal.probs, proposal.tokens, generator=generator)
-        t2 = _clock(device)
+        t2 = clock(device)
 
         new = verdict.tokens  # n accepted drafts + the target's token
         if eos_id is not None and eos_id in new:
@@ -148,12 +161,13 @@ def speculative_generate(
         drafter.rewind(S + verdict.num_accepted)
         S += len(new)
 
-        stats.record_step(K, verdict.num_accepted, len(new))
+        emitted_drafts = min(verdict.num_accepted, len(new))  # fewer if an accepted draft was end-of-text
+        stats.record_step(K, emitted_drafts, target_token=len(new) > emitted_drafts)
         stats.draft_calls += proposal.forward_calls
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
         if on_step is not None:
-            on_step(new, min(verdict.num_accepted, len(new)))
+            on_step(new, emitted_drafts)
         if stats.stopped_at_eos:
             break
     return seq[:, :S], stats

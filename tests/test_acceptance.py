@@ -20,6 +20,8 @@ from spec_decoding import (
     SpecStats,
     Verdict,
     expected_tokens_per_step,
+    improvement_factor,
+    predicted_speedup,
     residual_distribution,
     speculative_sampling,
     speculative_sampling_greedy,
@@ -211,28 +213,44 @@ def test_sampling_with_one_hot_distributions_is_the_greedy_rule(seed):
 
 def test_record_step_counts_histogram_and_per_position_acceptance():
     stats = SpecStats(gamma=3)
-    stats.record_step(drafted=3, accepted=3, emitted=4)  # all accepted + bonus
-    stats.record_step(drafted=3, accepted=1, emitted=2)  # rejected at position 2
-    stats.record_step(drafted=3, accepted=0, emitted=1)  # rejected at position 1
-    stats.record_step(drafted=2, accepted=2, emitted=3)  # near the end: K shrank to 2
-    stats.record_step(drafted=0, accepted=0, emitted=1)  # no room to draft: plain target step
+    stats.record_step(drafted=3, accepted=3, target_token=True)  # all accepted + bonus
+    stats.record_step(drafted=3, accepted=1, target_token=True)  # rejected at position 2
+    stats.record_step(drafted=3, accepted=0, target_token=True)  # rejected at position 1
+    stats.record_step(drafted=2, accepted=2, target_token=True)  # near the end: K shrank to 2
+    stats.record_step(drafted=0, accepted=0, target_token=True)  # no room to draft: plain target step
 
     assert stats.target_calls == 5
+    assert stats.plain_steps == 1
     assert stats.drafted == 11
     assert stats.accepted == 6
+    assert stats.target_tokens == 5
     assert stats.new_tokens == 11
     assert stats.accepted_hist == [2, 1, 1, 1]  # accepted 0 (twice), 1, 2, 3
-    # Position i is reached when drafts 1..i-1 were all accepted and i was drafted.
+    # Position i is judged when drafts 1..i-1 were all accepted and i was drafted.
     assert stats.reached_at == [4, 3, 1]
     assert stats.accepted_at == [3, 2, 1]
     assert stats.position_acceptance == [3 / 4, 2 / 3, 1.0]
-    assert stats.acceptance_rate == 6 / 11
+    assert stats.alpha == 6 / 8
+    assert stats.accepted_per_drafted == 6 / 11
     assert stats.tokens_per_target_call == 11 / 5
+
+
+def test_a_step_cut_at_an_accepted_end_of_text_counts_only_what_was_emitted():
+    # gamma 5: the verifier accepted 4 drafts, the 2nd of which is end-of-text:
+    # 2 drafts are emitted (the EOS among them), no target token; position 3
+    # and beyond are not counted as judged.
+    stats = SpecStats(gamma=5)
+    stats.record_step(drafted=5, accepted=2, target_token=False)
+    assert (stats.accepted, stats.target_tokens, stats.new_tokens) == (2, 0, 2)
+    assert stats.accepted + stats.target_tokens == stats.new_tokens
+    assert stats.reached_at == [1, 1, 0, 0, 0]
+    assert stats.alpha == 1.0
+    assert stats.accepted_hist == [0, 0, 1, 0, 0, 0]
 
 
 def test_empty_stats_have_zero_rates_and_nan_per_position():
     stats = SpecStats(gamma=2)
-    assert stats.acceptance_rate == 0.0
+    assert stats.alpha == 0.0 and stats.accepted_per_drafted == 0.0
     assert stats.tokens_per_target_call == 0.0
     assert all(math.isnan(a) for a in stats.position_acceptance)
     # NaN is not JSON: to_dict writes null instead.
@@ -241,10 +259,10 @@ def test_empty_stats_have_zero_rates_and_nan_per_position():
 
 def test_to_dict_carries_counters_and_derived_rates():
     stats = SpecStats(gamma=2)
-    stats.record_step(drafted=2, accepted=1, emitted=2)
+    stats.record_step(drafted=2, accepted=1, target_token=True)
     d = stats.to_dict()
     assert d["accepted_hist"] == [0, 1, 0]
-    assert d["acceptance_rate"] == 0.5
+    assert d["alpha"] == 0.5 and d["accepted_per_drafted"] == 0.5
     assert d["tokens_per_target_call"] == 2.0
     assert d["position_acceptance"] == [1.0, 0.0]
 
@@ -252,9 +270,9 @@ def test_to_dict_carries_counters_and_derived_rates():
 def test_record_step_refuses_impossible_counts():
     stats = SpecStats(gamma=2)
     with pytest.raises(AssertionError):
-        stats.record_step(drafted=1, accepted=2, emitted=3)  # more accepted than drafted
+        stats.record_step(drafted=1, accepted=2, target_token=True)  # more accepted than drafted
     with pytest.raises(AssertionError):
-        stats.record_step(drafted=3, accepted=0, emitted=1)  # more drafted than gamma
+        stats.record_step(drafted=3, accepted=0, target_token=True)  # more drafted than gamma
 
 
 @pytest.mark.parametrize(
@@ -280,13 +298,25 @@ def test_expected_tokens_per_step_is_the_sum_of_a_geometric_series():
             assert expected_tokens_per_step(alpha, gamma) == pytest.approx(series, rel=1e-6)
 
 
-def test_judged_acceptance_rate_counts_only_reached_drafts():
+def test_alpha_counts_only_judged_drafts():
     # gamma 4: one step rejects position 1 (judged 1, accepted 0), one accepts 2
     # then rejects position 3 (judged 3, accepted 2), one accepts all 4 (judged 4).
     stats = SpecStats(4)
-    stats.record_step(drafted=4, accepted=0, emitted=1)
-    stats.record_step(drafted=4, accepted=2, emitted=3)
-    stats.record_step(drafted=4, accepted=4, emitted=5)
-    assert stats.acceptance_rate == 6 / 12
-    assert stats.judged_acceptance_rate == 6 / 8
-    assert stats.to_dict()["judged_acceptance_rate"] == 6 / 8
+    stats.record_step(drafted=4, accepted=0, target_token=True)
+    stats.record_step(drafted=4, accepted=2, target_token=True)
+    stats.record_step(drafted=4, accepted=4, target_token=True)
+    assert stats.accepted_per_drafted == 6 / 12
+    assert stats.alpha == 6 / 8
+    assert stats.to_dict()["alpha"] == 6 / 8
+
+
+def test_improvement_factor_is_theorem_3_8():
+    # (1 - a^(g+1)) / ((1 - a)(g c + 1)); at c = 0 it is E, and predicted_speedup
+    # with t_v = t_t is the same number.
+    assert improvement_factor(0.8, 4, 0.0) == pytest.approx(expected_tokens_per_step(0.8, 4))
+    assert improvement_factor(0.8, 4, 0.1) == pytest.approx(3.3616 / 1.4)
+    assert improvement_factor(0.0, 3, 0.5) == pytest.approx(1 / 2.5)
+    assert predicted_speedup(0.6, 3, t_draft=0.2, t_target=1.0, t_verify=1.0) == pytest.approx(
+        improvement_factor(0.6, 3, 0.2)
+    )
+    assert predicted_speedup(0.8, 4, t_draft=1.0, t_target=10.0, t_verify=12.0) == pytest.approx(3.3616 * 10 / 16)

@@ -28,11 +28,11 @@ import pytest
 import torch
 
 import spec_decoding_generate as cli
-from conftest import REPO_ROOT, write_checkpoint
+from helpers import REPO_ROOT, write_checkpoint
 from gpt2 import GPT2, GPT2Config, load_tokenizer
 from gpt2.loading import CONV1D_SUFFIXES
 from hub_server import HubServer, closed_endpoint
-from spec_helpers import perturbed_copy, tiny_gpt2
+from helpers import perturbed_copy, tiny_gpt2
 
 SCRIPT = REPO_ROOT / "spec_decoding_generate.py"
 CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=128)  # vocab_size 50257: the real tokenizer
@@ -161,7 +161,7 @@ def test_default_flow_streams_the_text_then_the_stats(tmp_path, folders):
     assert_ok(result)
     out = result.stdout
     assert "\nHello world" in out, "the prompt is printed before the generated text"
-    for label in ("new tokens", "acceptance rate α", "tokens/target call", "forward calls", "speed"):
+    for label in ("new tokens", "acceptance α", "tokens/target call", "forward calls", "speed"):
         assert label in out, label
     assert "20 in " in out and "stopped at --max-gen" in out
     assert "\x1b[" not in out, "no colour codes when stdout is a pipe"
@@ -196,7 +196,7 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
     }
     stats = out["stats"]
     assert stats["new_tokens"] == 20 and stats["gamma"] == 4
-    assert 0 < stats["acceptance_rate"] < 1, "the perturbed draft agrees with the target only partly"
+    assert 0 < stats["alpha"] < 1, "the perturbed draft agrees with the target only partly"
     assert stats["accepted"] == sum(out["accepted_from_draft"])
     assert stats["tokens_per_target_call"] == pytest.approx(20 / stats["target_calls"])
     for key in ("target_calls", "draft_calls", "drafted", "accepted_hist", "position_acceptance",
@@ -339,7 +339,7 @@ def test_ctrl_c_prints_the_text_and_stats_so_far_with_exit_code_130(tmp_path, fo
     else:
         assert "[interrupted]" in out
         assert re.search(r"new tokens\s+([2-9]|10) in 2 target calls, interrupted \(Ctrl-C\)", out), out
-        assert "acceptance rate α" in out and "forward calls" in out
+        assert "acceptance α" in out and "forward calls" in out
         assert "target alone" in out and "speedup" not in out, "no baseline after Ctrl-C"
 
 

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from conftest import TINY, hub_state_dict, make_hf_model, write_checkpoint
+from helpers import TINY, hub_state_dict, make_hf_model, write_checkpoint
 from gpt2 import SamplingConfig, generate, load_model, logits_to_probs, next_token, sample
 
 

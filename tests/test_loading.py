@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import REPO_ROOT, TINY, hub_state_dict, make_hf_model, write_checkpoint
+from helpers import REPO_ROOT, TINY, hub_state_dict, make_hf_model, write_checkpoint
 from gpt2 import GPT2, GPT2Config, load_model
 
 REPO_ID = "someorg/tiny-gpt2"
@@ -63,14 +63,17 @@ def test_a_folder_given_as_str_or_path_loads(folder, state):
     assert_holds(load_model(Path(folder)), state)
 
 
-def test_load_model_chooses_the_linear_path_at_load_time(folder):
-    from gpt2 import c_kernel
-    from gpt2 import linear as gpt2_linear
+def test_load_model_accelerates_on_a_cpu_unless_told_not_to(folder, fast_kernels, monkeypatch):
+    from gpt2 import fast
 
     model = load_model(folder)
-    packed = id(model.h[0].mlp.c_fc.weight) in gpt2_linear._packed_weights
-    # Packed already, before any forward pass, exactly where the CPU kernel runs.
-    assert packed == (c_kernel.load() is not None and not gpt2_linear.PLAIN_LINEAR), c_kernel.status()
+    assert fast.status(model).startswith("fast path"), fast.status(model)
+    assert model.accelerator.packed, "the kernels' weight copies are made at load time, not at the first pass"
+    assert load_model(folder, accelerate=False).accelerator is None
+    assert load_model(folder, dtype="bfloat16").accelerator is None  # float32 only
+    monkeypatch.setenv("GPT2_PLAIN_LINEAR", "1")
+    readable = load_model(folder)
+    assert readable.accelerator is None and "GPT2_PLAIN_LINEAR=1" in fast.status(readable)
 
 
 def test_dtype_by_name_or_torch_dtype(folder):

@@ -35,7 +35,7 @@ import spec_decoding.loop
 from gpt2 import GPT2, GPT2Config
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 from spec_decoding import Verdict, speculative_generate
-from spec_helpers import perturbed_copy, single_thread, tiny_gpt2  # noqa: F401
+from helpers import perturbed_copy, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY, hub_state_dict, make_hf_model, write_checkpoint
+from helpers import TINY, hub_state_dict, make_hf_model, write_checkpoint
 from gpt2 import GPT2, PRESETS, GPT2Config, load_model
 
 ATOL = 1e-4

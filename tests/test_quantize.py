@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import TINY, hub_state_dict, kernels_or_skip, make_hf_model, write_checkpoint
+from helpers import TINY, hub_state_dict, kernels_or_skip, make_hf_model, write_checkpoint
 from gpt2 import GPT2Config, generate, load_model
 from gpt2 import linear as gpt2_linear
 from gpt2.block_loop import module_blocks, runs_block_loop
@@ -20,7 +20,7 @@ from gpt2.linear import pack_pairs, packed_weight, plain_linear
 from gpt2.loading import resolve_quantize
 from gpt2.quantize import dequantize_rows, quantize_model_int8, quantize_rows_int8
 from spec_decoding import speculative_generate
-from spec_helpers import perturbed_copy, single_thread, tiny_gpt2  # noqa: F401
+from helpers import perturbed_copy, tiny_gpt2
 
 # ---------------------------------------------------------------------------
 # The rounding

@@ -21,7 +21,7 @@ import torch
 
 from gpt2 import GPT2, GPT2Config, generate
 from spec_decoding import ModelDrafter, SimulatedDrafter, SpecStats, speculative_generate
-from spec_helpers import ForwardRecorder, perturbed_copy, single_thread, tiny_gpt2  # noqa: F401
+from helpers import ForwardRecorder, perturbed_copy, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -66,8 +66,9 @@ def check_stats_consistent(stats: SpecStats, out: torch.Tensor, T: int, gamma: i
     # accepted_at[i] (draft position i + 1) counts the steps that accepted at least i + 1 drafts.
     assert stats.accepted_at == [sum(hist[i + 1 :]) for i in range(gamma)]
     assert all(a <= r for a, r in zip(stats.accepted_at, stats.reached_at))
-    if not stats.stopped_at_eos:  # each step emits its accepted drafts + the target's token
-        assert stats.new_tokens == stats.accepted + stats.target_calls
+    # Each step emits its accepted drafts and the target's token (none after an accepted EOS).
+    assert stats.new_tokens == stats.accepted + stats.target_tokens
+    assert stats.target_tokens == stats.target_calls or (stats.stopped_at_eos and stats.target_tokens == stats.target_calls - 1)
     assert stats.tokens_per_target_call == stats.new_tokens / stats.target_calls
     assert stats.draft_seconds >= 0.0 and stats.verify_seconds > 0.0
 
@@ -87,7 +88,7 @@ def test_greedy_equals_baseline_token_for_token(target, drafts, draft_name, gamm
 
     assert out.tolist() == baseline.tolist()
     check_stats_consistent(stats, out, ids.size(1), gamma)
-    alpha = stats.acceptance_rate
+    alpha = stats.alpha
     if draft_name == "self":
         assert alpha == 1.0
     elif draft_name == "unrelated":
@@ -143,11 +144,12 @@ def test_eos_stops_where_the_baseline_stops(target, drafts, draft_name, gamma):
     check_stats_consistent(stats, out, T, gamma)
 
 
-def test_eos_among_accepted_drafts_drops_the_rest_of_the_step(target):
-    # With draft = target and gamma = 4, every step accepts 4 drafts and adds a
-    # bonus token, so new tokens 5j..5j+3 are drafted and 5j+4 are bonus tokens.
-    # An EOS at a drafted index is accepted with more drafts (and a bonus) behind it.
-    ids, gamma = prompt(), 4
+@pytest.mark.parametrize("gamma", [2, 4, 5, 8])
+def test_eos_among_accepted_drafts_drops_the_rest_of_the_step(target, gamma):
+    # With draft = target, every step accepts gamma drafts and adds a bonus
+    # token, so new tokens (gamma + 1) j + 0 .. gamma - 1 are drafted. An EOS
+    # at a drafted index is accepted with more drafts (and a bonus) behind it.
+    ids = prompt()
     T = ids.size(1)
     baseline = generate(target, ids, NEW_TOKENS)
     first = first_new_occurrences(baseline, T)
@@ -163,8 +165,12 @@ def test_eos_among_accepted_drafts_drops_the_rest_of_the_step(target):
     last_tokens, last_accepted = steps[-1]
     assert last_tokens[-1] == eos_id
     assert last_accepted == len(last_tokens) < gamma + 1  # all drafted: no correction, no bonus after EOS
-    assert stats.accepted_hist[gamma] == stats.target_calls  # the verifier did accept the whole draft
-    assert stats.new_tokens == index + 1
+    # Only what was emitted is counted: the drafts after EOS (which the verifier
+    # accepted) are not, and the last step has no target token.
+    assert stats.new_tokens == index + 1 == stats.accepted + stats.target_tokens
+    assert stats.target_tokens == stats.target_calls - 1
+    assert stats.accepted_hist[last_accepted] >= 1 and stats.alpha == 1.0
+    check_stats_consistent(stats, out, T, gamma)
 
 
 def test_an_eos_that_never_comes_changes_nothing(target, drafts):
@@ -298,7 +304,7 @@ def test_sampling_with_the_target_as_its_own_draft_accepts_almost_everything(tar
     # float rounding (the draft scores one token at a time, the target K + 1
     # at once), so min(1, p_target / p_draft) is 1 up to ~1e-6.
     tokens, stats = sample_run(target, target, seed=0)
-    assert stats.acceptance_rate > 0.95
+    assert stats.alpha > 0.95
     assert all(0 <= t < TARGET_CONFIG.vocab_size for t in tokens)
 
 
@@ -317,9 +323,9 @@ def test_simulated_drafter_keeps_the_output_and_sets_the_acceptance_rate(target,
     if alpha == 0.0:
         assert stats.accepted == 0
     elif alpha == 1.0:
-        assert stats.acceptance_rate == 1.0
+        assert stats.alpha == 1.0
     else:
-        assert 0.0 < stats.acceptance_rate < 1.0
+        assert 0.0 < stats.alpha < 1.0
 
 
 def test_simulated_drafter_refuses_bad_settings(target, drafts):
@@ -339,6 +345,12 @@ BAD_CALLS = {
     "gamma 0": ({"gamma": 0}, "gamma must be an integer >= 1"),
     "gamma negative": ({"gamma": -2}, "gamma must be an integer >= 1"),
     "gamma not an integer": ({"gamma": 2.5}, "gamma must be an integer >= 1"),
+    "gamma a bool": ({"gamma": True}, "gamma must be an integer >= 1"),
+    "top_k a bool": ({"top_k": True, "temperature": 1.0}, "top_k must be an integer >= 1"),
+    "eos_id negative": ({"eos_id": -1}, "eos_id must be an integer >= 0"),
+    "eos_id past the vocabulary": ({"eos_id": 10**9}, r"eos_id must be a token id in \[0, 64\)"),
+    "draft a string": ({"draft": "gpt2"}, "the draft must be a loaded GPT2 model or a drafter"),
+    "target a string": ({"target": "gpt2-large"}, "the target must be a loaded GPT2 model"),
     "negative budget": ({"max_new_tokens": -1}, "max_new_tokens must be an integer >= 0"),
     "negative temperature": ({"temperature": -1.0}, "temperature must be a number >= 0"),
     "batch of 2": ({"input_ids": torch.tensor([[1, 2], [3, 4]])}, "one sequence at a time"),
@@ -353,13 +365,28 @@ def test_bad_arguments_raise_a_clear_error_before_any_work(target, drafts, case)
     overrides, message = BAD_CALLS[case]
     kwargs = {"input_ids": prompt(), "gamma": 3, "max_new_tokens": 5} | overrides
     input_ids = kwargs.pop("input_ids")
+    target_model, draft_model = kwargs.pop("target", target), kwargs.pop("draft", drafts["perturbed"])
     with (
         ForwardRecorder(target) as target_rec,
         ForwardRecorder(drafts["perturbed"]) as draft_rec,
         pytest.raises(ValueError, match=message),
     ):
-        speculative_generate(target, drafts["perturbed"], input_ids, **kwargs)
+        speculative_generate(target_model, draft_model, input_ids, **kwargs)
     assert target_rec.calls == [] and draft_rec.calls == []
+
+
+def test_any_integer_type_is_an_integer_and_a_tiny_temperature_is_greedy(target, drafts):
+    import numpy as np
+
+    ids = prompt()
+    baseline = generate(target, ids, 12)
+    for gamma, budget in ((np.int64(3), np.int32(12)), (torch.tensor(3), 12)):
+        out, _ = speculative_generate(target, drafts["perturbed"], ids, gamma=gamma, max_new_tokens=budget)
+        assert out.tolist() == baseline.tolist()
+    # Dividing logits by 1e-39 would overflow float32: below 1e-4 sampling is greedy.
+    out, _ = speculative_generate(target, drafts["perturbed"], ids, gamma=3, max_new_tokens=12, temperature=1e-39)
+    assert out.tolist() == baseline.tolist()
+    assert generate(target, ids, 12, temperature=1e-39, top_k=np.int64(5)).tolist() == baseline.tolist()
 
 
 def test_a_vocabulary_mismatch_is_refused_before_any_work(target):
@@ -373,7 +400,11 @@ def test_a_vocabulary_mismatch_is_refused_before_any_work(target):
     assert target_rec.calls == [] and draft_rec.calls == []
 
 
-def test_a_prompt_that_fits_the_target_but_not_the_draft_is_refused(target):
+def test_a_prompt_that_fits_the_target_but_not_the_draft_gets_plain_target_steps(target):
     short_draft = tiny_gpt2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=16, vocab_size=64), seed=3)
-    with pytest.raises(ValueError, match="context window is 16"):
-        speculative_generate(target, short_draft, torch.zeros(1, 20, dtype=torch.long), gamma=3, max_new_tokens=5)
+    ids = torch.arange(20)[None] % 64  # (1, 20): longer than the draft's window of 16
+    with ForwardRecorder(short_draft) as draft_calls:
+        out, stats = speculative_generate(target, short_draft, ids, gamma=3, max_new_tokens=5)
+    assert out.tolist() == generate(target, ids, 5).tolist()
+    assert draft_calls.calls == []  # the draft never ran
+    assert stats.plain_steps == stats.target_calls == 5 and stats.drafted == 0

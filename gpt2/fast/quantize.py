@@ -1,38 +1,25 @@
-"""Weight-only int8 quantisation, an explicit option for CPU decoding: round
-every weight matrix to 255 levels per output row (round to nearest), and let
-the CPU kernel read the int8 levels instead of float32.
+"""Weight-only int8 quantisation: every weight matrix rounded to 255 levels
+per output row (round to nearest), for the CPU kernel to read a quarter of
+the bytes.
 
 Legend: out, in = a weight matrix's output and input features.
 
-For each weight matrix W (out, in) of the model (the four projections of every
-block, and the token embedding wte, which is also the LM head):
+For each weight matrix W (out, in) of the model (the four projections of
+every block, and the token embedding wte, which is also the LM head):
 
     scale[o] = max_i |W[o, i]| / 127
     q[o, i]  = round(W[o, i] / scale[o]),  an int8 in [-127, 127]
     W[o, i] <- scale[o] * q[o, i]
 
-The last line is what keeps this honest: the model's float32 weights are
-replaced by their quantised values, so from then on the model *is* the
-quantised model on every path (the CPU kernel, `F.linear` in a long prefill,
-the embedding lookup, `state_dict`). Biases, layer norms and the position
-table stay as they are (0.1% of gpt2-large's bytes), and so do the
-activations: only weights are rounded. This is the round-to-nearest,
-per-row ("vector-wise") absmax scheme that the weight-quantisation papers
-start from (Dettmers et al. 2022, LLM.int8(); Frantar et al. 2022, GPTQ,
-whose baseline it is).
-
-- What it buys: a decode step reads every weight once, so on a CPU it costs
-  what reading the weights costs; few_rows_linear.c reads q (1 byte) and the
-  rows' scales instead of W (4 bytes). Measured: see README.md, "int8
-  weights" (`python -m benchmarks.decode_speed --int8`).
-- What it costs: each weight moves by up to scale[o] / 2, i.e. by up to
-  1/254 of its row's largest weight, and the logits move with them. The
-  model's outputs are those of another model, close to the original.
-  Speculative decoding with both models quantised is lossless with respect
-  to the quantised target (it is just the target), not to the float32 one.
-- Memory: the float32 weights stay (for the embedding lookup, prefill and
-  `state_dict`); the kernel's int8 copy replaces its float32 copy, so a
-  quantised gpt2-large holds 3.1 + 0.8 GB instead of 3.1 + 3.1 GB.
+The last line keeps this honest: the model's float32 weights are replaced by
+their quantised values, so from then on the model *is* the quantised model on
+every path (the kernels, the readable path, `state_dict`). Biases, layer
+norms, the position table and the activations stay float32. This is the
+round-to-nearest, per-row ("vector-wise") absmax scheme the weight
+quantisation papers start from (Dettmers et al. 2022, LLM.int8(); Frantar et
+al. 2022, GPTQ, whose baseline it is). Speculative decoding with a quantised
+target is lossless with respect to the quantised target, not the float32
+one; quantising only the draft keeps the float32 target's output.
 """
 
 from __future__ import annotations
@@ -40,8 +27,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-
-from gpt2 import linear
 
 if TYPE_CHECKING:
     from gpt2.model import GPT2
@@ -95,23 +80,32 @@ def resolve_quantize(quantize: str | None, device: torch.device, dtype: torch.dt
     return quantize
 
 
-def quantize_model_int8(model: GPT2) -> GPT2:
+def matrix_weights(model: GPT2) -> dict[str, torch.Tensor]:
+    """Every weight matrix a forward pass multiplies by, by parameter name:
+    the four projections of each block and wte, the tied LM head. (out, in) each."""
+    # In a block, the 2-D parameters are exactly its four projections (layer norms and biases are 1-D).
+    return {name: p for name, p in model.named_parameters() if name == "wte.weight" or (name.startswith("h.") and p.dim() == 2)}
+
+
+def quantize_model_int8(model: GPT2) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Quantises every weight matrix of `model` in place (see the module
-    docstring) and gives the CPU kernel their int8 copies.
+    docstring).
 
     Args:
         model: a GPT2 on the CPU in float32.
 
     Returns:
-        The same model, now the quantised model.
+        {parameter name: (q, scale)}: the int8 levels (out, in) and the rows'
+        scales (out,) of every weight matrix, now equal to scale[:, None] * q.
 
     Raises:
         ValueError: the model is not on the CPU in float32 (`resolve_quantize`).
     """
-    resolve_quantize("int8", model.device, model.dtype)
+    resolve_quantize("int8", model.wte.weight.device, model.wte.weight.dtype)
+    levels = {}
     with torch.no_grad():
-        for weight in model.matrix_weights():
+        for name, weight in matrix_weights(model).items():
             q, scale = quantize_rows_int8(weight)
             weight.copy_(dequantize_rows(q, scale))  # (out, in): the model is now the quantised one
-            linear.use_int8_copy(weight, q, scale)
-    return model
+            levels[name] = (q, scale)
+    return levels

@@ -1,43 +1,32 @@
-/* y = x W^T + b for a few rows of x (1 to ~16), the products of a decode step
- * (1 row) and of a verification pass (gamma + 1 rows), on x86-64 with AVX2+FMA.
+/* y = residual + gelu(layer_norm(x) W^T + b) for N rows of x, each part
+ * optional: GPT-2's matrix products with the work around them, on x86-64
+ * with AVX2 + FMA.
  *
  * Legend: N = rows of x, IN = in features, OUT = out features.
  *
- * Why it exists (measurements in gpt2/linear.py): with a few rows, a linear
- * layer should cost what reading W from memory costs, whatever N is, because
- * every weight read is reused N times from registers. BLAS kernels are tuned
- * for large N and pay 2-3x at N = 5; this loop streams W once for all N rows.
- *
- * Layout of W ("pair-packed", made in gpt2/linear.py `pack_pairs`): output
- * features are taken in pairs (o, o + 1), and for each pair the two rows are
- * interleaved in blocks of 8 floats (one AVX register):
+ * A decode step (N = 1) and a verification pass (N = gamma + 1) read every
+ * weight once, so both should cost what reading W costs. This loop streams W
+ * once for all N rows and reuses each loaded weight from a register. W is
+ * "pair-packed" (gpt2/fast/accelerator.py `pack_pairs`): rows o and o + 1
+ * interleaved in blocks of 8 floats, so that a pair of outputs is one
+ * sequential stream:
  *
  *     packed[p][k] = W[2p][8k : 8k + 8], W[2p + 1][8k : 8k + 8]   (16 floats)
  *
- * so each thread reads one sequential stream of memory. OUT is padded to an
- * even number with a zero row; IN must be a multiple of 8.
+ * OUT is padded to even with a zero row; IN must be a multiple of 8. W may be
+ * int8 in the same layout with one scale per row, W[o][i] = scale[o] q[o][i]
+ * (gpt2/fast/quantize.py): a quarter of the bytes, widened in registers.
  *
- * W may also come as int8 in the same layout, with one float scale per output
- * row (weight-only quantisation, gpt2/quantize.py): W[o][i] = scale[o] q[o][i].
- * Each block of 8 is widened to float32 in registers and the row's sum is
- * multiplied by scale[o] at the end, so the product is the float32 one up to
- * rounding, from a quarter of the bytes.
+ * Batch invariance: every output y[r][o] is summed in one fixed order, the
+ * same whatever N is and whichever rows share its tile: 8 lane sums over k
+ * in order (int8: two sets of lane sums, even and odd blocks, added at the
+ * end), then `sum8`, then the scale and the bias. A position's logits are
+ * therefore bit-identical in a decode step, a verification pass or a batch.
  *
- * One tile: a pair of output features times up to MAX_TILE_ROWS = 7 rows of
- * x: 14 accumulators + 2 registers of W fill AVX2's 16 registers (x is read
- * straight from L1/L2 by the multiply-add). Per 16 weights read: 2 loads of
- * W, up to 7 loads of x, up to 14 fused multiply-adds. (Tiles of 5 and 6
- * rows measured the same at N <= 5 and slower at N = 6, 7.) Each thread takes
- * one contiguous range of output pairs (OpenMP: the runtime PyTorch already
- * loaded).
- *
- * Optionally, the work around the product is done in the same call, for the
- * block loop of few_rows_blocks.c (gpt2/block_loop.py says what it buys): a
- * layer norm of x before it (once, into a scratch copy), and GPT-2's GELU and
- * a residual added after it, each thread on its own outputs while they are
- * still in cache:
- *
- *     y = residual + gelu(layer_norm(x) W^T + b)
+ * Work split: output pairs in chunks handed out dynamically (OpenMP), so that
+ * a thread slowed by another process on its core takes fewer chunks instead
+ * of holding up every layer. GELU and the residual are applied chunk by chunk
+ * while the outputs are still in cache.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -47,21 +36,20 @@
 
 #include "vector_math.h"
 
-#define MAX_TILE_ROWS 7
-/* Prefetch W this many bytes ahead (6 KiB) into L2 (_MM_HINT_T2). With N > 1
- * the loop does enough arithmetic per byte that the out-of-order core alone
- * keeps too few cache lines in flight, and memory time and arithmetic time add
- * up instead of overlapping. Measured on the whole gpt2-large forward, Zen 4
- * EPYC (2 cores, AVX-512 capable, kernel built for AVX2), interleaved runs:
- * r_5 = t_v(5) / step was 2.05-2.31 with a 1 KiB prefetch into L1 (_MM_HINT_T0),
- * 1.32-1.45 with 4 KiB into L2, 1.11-1.26 with 6 KiB, and the same within noise
- * at 8 and 12 KiB or into L1+L2 (_MM_HINT_T1). At N = 1 the hardware prefetcher
- * alone is as fast or faster (step 3-10% slower with it; int8 weights: the
- * same), so it is skipped. */
+/* A tile: one pair of outputs times up to 7 rows of x, 14 accumulators + 2
+ * registers of W in AVX2's 16 registers. int8 keeps two sets of accumulators
+ * (a multiply-add then never waits for the previous one; the int8 loop is
+ * bound by that latency), so its tiles take 3 rows. */
+#define FLOAT_TILE_ROWS 7
+#define INT8_TILE_ROWS 3
+/* With N > 1, W is prefetched this far ahead into L2: the loop does enough
+ * arithmetic per byte that the core alone keeps too few loads in flight.
+ * At N = 1 the hardware prefetcher does better alone. */
 #define PREFETCH_BYTES 6144
+/* Chunks of output pairs per thread, handed out dynamically. */
+#define CHUNKS_PER_THREAD 8
 
-/* Block k of a pair of W's rows, as floats: w0 = W[o][8k : 8k + 8] and
- * w1 = W[o + 1][8k : 8k + 8], unscaled where W is int8. */
+/* Block k of a pair of W's rows, as floats (unscaled where W is int8). */
 static inline __attribute__((always_inline)) void load_pair_block(
     const void *w_pair, int64_t k, const int int8, __m256 *w0, __m256 *w1) {
     if (int8) {
@@ -75,21 +63,14 @@ static inline __attribute__((always_inline)) void load_pair_block(
     }
 }
 
-/* y[r, o] and y[r, o + 1] for rows r < n_rows of x (n_rows and int8 are
- * constants at every call site, so the accumulators live in registers and
- * each combination compiles to its own loop).
- *
- * With one row the blocks alternate between two sets of accumulators, so
- * that a multiply-add does not wait for the previous one to finish (4 cycles
- * of latency): that bounds the int8 loop, which reads a quarter of the bytes
- * and widens every weight. Measured on the gpt2-large weights, N = 1: 31-33
- * ms with two sets against 36-38 with one (float32: memory-bound, the same). */
+/* y[r][o] and y[r][o + 1] for the n_rows rows of x (n_rows and int8 are
+ * constants at every call site: the accumulators live in registers). */
 static inline __attribute__((always_inline)) void pair_tile(
     const float *x, const void *w_pair, const float *scale, const float *bias, float *y,
     int64_t in, int64_t out, int64_t o, const int n_rows, const int int8) {
-    const int sets = n_rows == 1 ? 2 : 1;
+    const int sets = int8 ? 2 : 1; /* int8: even blocks into set 0, odd ones into set 1 */
     const int64_t blocks = in / 8, bytes_per_block = int8 ? 16 : 64;
-    __m256 acc0[MAX_TILE_ROWS], acc1[MAX_TILE_ROWS]; /* output o and o + 1; [set] when n_rows = 1, else [r] */
+    __m256 acc0[FLOAT_TILE_ROWS], acc1[FLOAT_TILE_ROWS]; /* outputs o and o + 1, [set * n_rows + r] */
     for (int a = 0; a < n_rows * sets; a++) {
         acc0[a] = _mm256_setzero_ps();
         acc1[a] = _mm256_setzero_ps();
@@ -101,39 +82,39 @@ static inline __attribute__((always_inline)) void pair_tile(
             load_pair_block(w_pair, k + set, int8, &w0, &w1);
             for (int r = 0; r < n_rows; r++) {
                 __m256 xr = _mm256_loadu_ps(x + r * in + 8 * (k + set)); /* x[r][8k : 8k + 8] */
-                acc0[r + set] = _mm256_fmadd_ps(w0, xr, acc0[r + set]);
-                acc1[r + set] = _mm256_fmadd_ps(w1, xr, acc1[r + set]);
+                acc0[set * n_rows + r] = _mm256_fmadd_ps(w0, xr, acc0[set * n_rows + r]);
+                acc1[set * n_rows + r] = _mm256_fmadd_ps(w1, xr, acc1[set * n_rows + r]);
             }
         }
     }
-    if (sets == 2) {
-        acc0[0] = _mm256_add_ps(acc0[0], acc0[1]);
-        acc1[0] = _mm256_add_ps(acc1[0], acc1[1]);
-    }
     const float s0 = scale ? scale[o] : 1.0f, s1 = scale && o + 1 < out ? scale[o + 1] : 1.0f;
     for (int r = 0; r < n_rows; r++) {
+        if (sets == 2) {
+            acc0[r] = _mm256_add_ps(acc0[r], acc0[n_rows + r]);
+            acc1[r] = _mm256_add_ps(acc1[r], acc1[n_rows + r]);
+        }
         y[r * out + o] = s0 * sum8(acc0[r]) + (bias ? bias[o] : 0.0f);
         if (o + 1 < out) /* the padding row of an odd OUT is not written */
             y[r * out + o + 1] = s1 * sum8(acc1[r]) + (bias ? bias[o + 1] : 0.0f);
     }
 }
 
-/* One pair of outputs for all N rows, in tiles of up to MAX_TILE_ROWS rows
- * (W's pair stays in L1 across the tiles). */
+/* One pair of outputs for all N rows, in tiles (W's pair stays in L1 across them). */
 static inline __attribute__((always_inline)) void pair_all_rows(
     const float *x, const void *w_pair, const float *scale, const float *bias, float *y,
     int64_t n, int64_t in, int64_t out, int64_t o, const int int8) {
-    for (int64_t r0 = 0; r0 < n; r0 += MAX_TILE_ROWS) {
+    const int64_t tile = int8 ? INT8_TILE_ROWS : FLOAT_TILE_ROWS;
+    for (int64_t r0 = 0; r0 < n; r0 += tile) {
         const float *xt = x + r0 * in;
         float *yt = y + r0 * out;
-        switch (n - r0 < MAX_TILE_ROWS ? n - r0 : MAX_TILE_ROWS) {
+        switch (n - r0 < tile ? n - r0 : tile) {
             case 1: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 1, int8); break;
             case 2: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 2, int8); break;
             case 3: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 3, int8); break;
-            case 4: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 4, int8); break;
-            case 5: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 5, int8); break;
-            case 6: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 6, int8); break;
-            default: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 7, int8); break;
+            case 4: if (!int8) pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 4, 0); break;
+            case 5: if (!int8) pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 5, 0); break;
+            case 6: if (!int8) pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 6, 0); break;
+            default: if (!int8) pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 7, 0); break;
         }
     }
 }
@@ -198,10 +179,12 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
     }
     const int64_t pairs = (out + 1) / 2;
     const int64_t pair_bytes = 2 * in * (scale ? 1 : 4);
-#pragma omp parallel
-    {
-        const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
-        const int64_t p_begin = pairs * id / threads, p_end = pairs * (id + 1) / threads;
+    int64_t chunk = pairs / (CHUNKS_PER_THREAD * omp_get_max_threads());
+    chunk = chunk < 4 ? 4 : chunk;
+    const int64_t chunks = (pairs + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t p_begin = c * chunk, p_end = p_begin + chunk < pairs ? p_begin + chunk : pairs;
         for (int64_t p = p_begin; p < p_end; p++) {
             const void *w_pair = (const char *)packed + p * pair_bytes;
             if (scale)
@@ -209,9 +192,9 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
             else
                 pair_all_rows(x, w_pair, NULL, bias, y, n, in, out, 2 * p, 0);
         }
-        if (gelu || residual) { /* this thread's outputs [2 p_begin, 2 p_end) of every row */
+        if (gelu || residual) { /* this chunk's outputs [2 p_begin, 2 p_end) of every row */
             const int64_t c_begin = 2 * p_begin, c_end = 2 * p_end < out ? 2 * p_end : out;
-            for (int64_t r = 0; r < n && c_begin < c_end; r++)
+            for (int64_t r = 0; r < n; r++)
                 finish(y + r * out + c_begin, residual ? residual + r * out + c_begin : NULL, gelu, c_end - c_begin);
         }
     }

@@ -1,0 +1,106 @@
+"""Opt-in speed for decoding on a CPU: the model's forward pass in C.
+
+A decode step reads every weight once, so on a CPU it should cost what
+reading the weights from memory costs, and verifying a few drafted tokens in
+one pass should cost barely more. PyTorch's BLAS kernels are tuned for many
+rows and pay 2-3x for five; this subpackage streams each weight once for all
+rows (csrc/linear.c), reads the KV cache once for all queries
+(csrc/attention.c) and runs every block of a pass in one C call
+(csrc/blocks.c). What it buys is measured in docs/performance.md.
+
+    from gpt2 import fast
+    fast.accelerate(model)              # load_model does this by default on a CPU
+    fast.accelerate(model, int8=True)   # and rounds the weights to int8 first
+    print(fast.status(model))           # which path runs, and why
+    model.accelerator = None            # back to the readable path
+
+The model plugs it in at one seam, `GPT2.accelerator` (gpt2/model.py). The
+environment variable GPT2_PLAIN_LINEAR=1 keeps every model on the readable
+path. On the fast path a position's logits do not depend on how many rows
+share its pass, so greedy speculative decoding reproduces greedy decoding
+bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import build
+from .accelerator import FastGPT2
+from .quantize import quantize_model_int8
+
+if TYPE_CHECKING:
+    from gpt2.model import GPT2
+
+READABLE_ENV = "GPT2_PLAIN_LINEAR"  # =1: the readable path everywhere
+
+__all__ = ["READABLE_ENV", "accelerate", "status"]
+
+
+def accelerate(model: GPT2, *, int8: bool = False) -> GPT2:
+    """Puts the C forward pass at `model`'s seam, where it can run: an x86-64
+    CPU with AVX2, a C compiler, a CPU float32 model and GPT2_PLAIN_LINEAR
+    unset. Elsewhere the model keeps its readable path (`status` says why) and
+    nothing is compiled.
+
+    Args:
+        model: a GPT2.
+        int8: first round every weight matrix to int8 with one scale per row
+            (gpt2/fast/quantize.py; CPU float32 only). The model is then the
+            quantised model on every path, and the kernels read a quarter of
+            the bytes.
+
+    Returns:
+        The same model.
+
+    Raises:
+        ValueError: int8 for a model that is not on the CPU in float32.
+    """
+    levels = quantize_model_int8(model) if int8 else None
+    reason = unavailable(model)
+    kernels = build.load() if reason is None else None  # compiles on first use
+    model.accelerator = FastGPT2(model, kernels, levels) if isinstance(kernels, build.Kernels) else None
+    return model
+
+
+def unavailable(model: GPT2 | None) -> str | None:
+    """Why the fast path cannot run for `model` (or on this machine), found
+    without compiling anything; None if nothing stands in its way."""
+    if os.environ.get(READABLE_ENV, "0") == "1":
+        return f"{READABLE_ENV}=1"
+    if model is not None:
+        weight = model.wte.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            dtype = str(weight.dtype).removeprefix("torch.")
+            return f"the C kernels are for CPU float32 models, this one is {weight.device.type} {dtype}"
+    unsupported = build.cpu_unsupported()
+    if unsupported:
+        return unsupported
+    if build.compiler() is None:
+        return f"no C compiler: `{os.environ.get('CC', 'cc')}` not found; install gcc or set CC"
+    return None
+
+
+def status(model: GPT2 | None = None) -> str:
+    """One line: which path runs (for `model`, or on this machine), and why.
+    It compiles and loads nothing."""
+    readable = "readable path (F.linear + SDPA, the Block modules)"
+    if model is not None and isinstance(getattr(model, "accelerator", None), FastGPT2):
+        fast = model.accelerator
+        weights = "int8" if fast.int8 else "float32"
+        return (f"fast path: C kernels ({fast.kernels.path.name}), {weights} weights; passes without a "
+                f"KV cache or with gradients take the {readable}")
+    reason = unavailable(model)
+    if reason is None and build.load.cache_info().currsize:  # loaded or tried in this process
+        loaded = build.load()
+        reason = None if isinstance(loaded, build.Kernels) else loaded
+    if reason is not None:
+        return f"{readable}: {reason}"
+    if model is not None:
+        return f"{readable}: not accelerated (gpt2.fast.accelerate(model) would use the C kernels)"
+    cc = build.compiler()
+    built = build.library_path(cc).exists()
+    return "fast path available: C kernels " + ("built" if built else f"to be compiled with {cc} on first use")

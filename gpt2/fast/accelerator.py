@@ -1,0 +1,287 @@
+"""The fast CPU path of one GPT2 model: all blocks, the final layer norm and
+the LM head of a forward pass in C (csrc/), reading pair-packed copies of
+the weight matrices.
+
+Legend: B = rows, T = new tokens per row, N = B * T, C = n_embd, V = vocab,
+L = n_layer.
+
+`FastGPT2` is what `gpt2.fast.accelerate` puts at the model's seam,
+`GPT2.accelerator`. It takes a pass when it can compute what the readable
+path computes: CPU, float32, no gradient, a KV cache, head size and width
+multiples of 8, and a tree mask only over at most MAX_NEW_TOKENS tokens. For
+any other pass it returns None and the model runs its own code. A prefill of
+more than MAX_NEW_TOKENS tokens goes through in chunks: the kernels give a
+position the same bits however many tokens share its pass (see csrc/), so
+chunking changes nothing but speed.
+
+What it owns (one FastGPT2 per model, nothing shared between models):
+- a pair-packed copy of every weight matrix (`pack_pairs`), or of its int8
+  levels where the model was quantised (gpt2/fast/quantize.py);
+- a table of data pointers to every block's parameters, for blocks.c.
+Before every pass it checks that the model's parameters are still the
+tensors, storage and versions those were made from. A weight written in place
+or replaced is packed again (as float32: its int8 levels no longer describe
+it), and the table rebuilt, so a copy never goes stale. Tensors made under
+`torch.inference_mode()` have no version counter, so `FastGPT2` swaps such
+parameters for ordinary tensors holding the same values.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+
+from gpt2.kv_cache import KVCache
+
+from .build import Kernels
+
+if TYPE_CHECKING:
+    from gpt2.model import GPT2
+
+# Tokens per row in one kernel call: a verification pass, a token tree, a
+# prefill chunk. (Per-thread scores take T * (P + T) floats.)
+MAX_NEW_TOKENS = 64
+BLOCK_PARAMETERS = (  # per block, in BlockPointers order
+    "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+    "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
+)
+MATRIX_SLOTS = (2, 4, 8, 10)  # the weight matrices among a block's BLOCK_PARAMETERS
+
+
+class BlockPointers(ctypes.Structure):
+    """One block's parameters as blocks.c reads them: layer norms as they are,
+    weight matrices pair-packed (float32, or int8 with their rows' scales;
+    the scale is NULL for float32)."""
+
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in (
+            "ln_1_weight", "ln_1_bias",
+            "c_attn", "c_attn_scale", "c_attn_bias",
+            "attn_proj", "attn_proj_scale", "attn_proj_bias",
+            "ln_2_weight", "ln_2_bias",
+            "c_fc", "c_fc_scale", "c_fc_bias",
+            "mlp_proj", "mlp_proj_scale", "mlp_proj_bias",
+        )
+    ]
+
+
+def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
+    """W (out, in) in the kernel's layout: rows o and o + 1 interleaved in
+    blocks of 8 values, out padded to even with a zero row. Any dtype.
+
+    Returns:
+        (ceil(out / 2), in / 8, 2, 8), contiguous, in W's dtype.
+    """
+    out_features, in_features = weight.shape
+    w = weight.detach()
+    if out_features % 2:
+        w = torch.cat([w, w.new_zeros(1, in_features)])  # (out + 1, in)
+    pairs = w.reshape(-1, 2, in_features // 8, 8)  # (out / 2, 2, in / 8, 8)
+    return pairs.transpose(1, 2).contiguous()  # (out / 2, in / 8, 2, 8)
+
+
+def stamp(tensor: torch.Tensor) -> tuple[int, int]:
+    """What identifies a tensor's current contents: its storage address and
+    its version counter (moved by every in-place write)."""
+    return tensor.data_ptr(), tensor._version
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """The kernels' copy of a weight W (out, in): W pair-packed in float32, or
+    its int8 levels q pair-packed with W = scale[:, None] * q."""
+
+    data: torch.Tensor  # (ceil(out / 2), in / 8, 2, 8), float32 or int8
+    scale: torch.Tensor | None  # (out,) float32 with int8 data, else None
+    source: tuple[int, int]  # `stamp` of W when this copy was made
+
+    @property
+    def pointers(self) -> tuple[int, int | None]:
+        return self.data.data_ptr(), None if self.scale is None else self.scale.data_ptr()
+
+
+def kernel_readable(tensor: torch.Tensor) -> bool:
+    return tensor.is_cpu and tensor.dtype == torch.float32 and tensor.is_contiguous()
+
+
+class FastGPT2:
+    """The C forward pass of one model (see the module docstring)."""
+
+    def __init__(
+        self, model: GPT2, kernels: Kernels, int8_levels: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+    ) -> None:
+        self.model = weakref.ref(model)  # the model owns this object, not the other way round
+        self.kernels = kernels
+        self.int8 = bool(int8_levels)
+        config = model.config
+        self.names = [f"h.{i}.{p}" for i in range(config.n_layer) for p in BLOCK_PARAMETERS]  # L * 12
+        self.matrix_names = [self.names[12 * i + s] for i in range(config.n_layer) for s in MATRIX_SLOTS]
+        self.matrix_names.append("wte.weight")  # the tied LM head
+        own_ordinary_tensors(model)
+        weights = dict(model.named_parameters())
+        self.packed: dict[str, PackedWeight] = {}
+        with torch.no_grad():
+            for name in self.matrix_names:
+                w = weights[name]
+                if not kernel_readable(w) or w.size(1) % 8:
+                    continue  # the table check sends every pass to the readable path
+                if int8_levels and name in int8_levels:
+                    q, scale = int8_levels[name]
+                    self.packed[name] = PackedWeight(pack_pairs(q), scale.contiguous(), stamp(w))
+                else:
+                    self.packed[name] = PackedWeight(pack_pairs(w), None, stamp(w))
+        self.table: ctypes.Array | None = None
+        self.table_key: list | None = None  # the parameters' stamps when the table was built
+        self.table_tensors: list[torch.Tensor] = []  # keeps the storage the table points into alive
+
+    # -- the seam -------------------------------------------------------------
+
+    def __call__(
+        self, x: torch.Tensor, cache: KVCache | None, mask: torch.Tensor | None, last_logits_only: bool
+    ) -> torch.Tensor | None:
+        """The logits of this pass, or None where it cannot take it.
+
+        Args:
+            x: (B, T, C) the blocks' input (embeddings).
+            cache: the KV cache; row b holds cache.lengths[b] positions, and
+                the T new keys and values go at [lengths[b], lengths[b] + T).
+                (The model moves the lengths on afterwards.)
+            mask: (T, T) bool, which new tokens each new token sees; None:
+                causal.
+            last_logits_only: the LM head for the last position only.
+
+        Returns:
+            (B, T, V) logits, or (B, 1, V); or None.
+        """
+        model = self.model()
+        if model is None or not self.takes(model, x, cache, mask):
+            return None
+        table = self.block_table(model)
+        if table is None:
+            return None  # a parameter the kernels cannot read: the readable path
+        B, T, C = x.shape
+        out = x.contiguous().clone()  # (B, T, C): the kernel updates it in place, block after block
+        mask_bytes = None if mask is None else mask.to(torch.uint8).contiguous()  # (T, T)
+        chunks = -(-T // MAX_NEW_TOKENS)  # one call, or a long prefill in chunks of equal size
+        bounds = [T * i // chunks for i in range(chunks + 1)]
+        for t0, t1 in zip(bounds, bounds[1:]):
+            chunk = out if t1 - t0 == T else out[:, t0:t1].contiguous()  # (B, t1 - t0, C)
+            self.run_blocks(model, table, chunk, cache, cache.lengths + t0, mask_bytes)
+            if chunk is not out:
+                out[:, t0:t1] = chunk
+        if last_logits_only:
+            out = out[:, -1:, :]  # (B, 1, C)
+        return self.head(model, out)
+
+    def takes(self, model: GPT2, x: torch.Tensor, cache: KVCache | None, mask: torch.Tensor | None) -> bool:
+        """CPU float32 input and cache, no gradient to record, widths the
+        kernels take, and a mask only over at most MAX_NEW_TOKENS tokens."""
+        if cache is None or not (x.is_cpu and x.dtype == torch.float32):
+            return False
+        if not (kernel_readable(cache.k) and kernel_readable(cache.v)):
+            return False
+        B, T, C = x.shape
+        if C % 8 or (C // model.config.n_head) % 8 or (mask is not None and T > MAX_NEW_TOKENS):
+            return False
+        return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in model.parameters())))
+
+    # -- the C calls ----------------------------------------------------------
+
+    def run_blocks(
+        self, model: GPT2, table: ctypes.Array, x: torch.Tensor, cache: KVCache, starts: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> None:
+        """x (B, T, C) <- every block applied; the new keys and values into `cache` at `starts`."""
+        B, T, C = x.shape
+        scratch = torch.empty(9 * B * T * C)  # qkv (3C), y (C), x2 (C), h (4C) per row
+        k, v = cache.k, cache.v  # (L, B, nh, S, hs) x 2
+        starts = starts.to(torch.int64).contiguous()  # (B,)
+        self.kernels.blocks(
+            table, model.config.n_layer, x.data_ptr(), scratch.data_ptr(),
+            B, T, C, model.config.n_head, model.config.layer_norm_epsilon,
+            k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
+            starts.data_ptr(), None if mask is None else mask.data_ptr(),
+        )
+
+    def head(self, model: GPT2, x: torch.Tensor) -> torch.Tensor:
+        """ln_f, then the tied LM head: (B, T, C) -> (B, T, V)."""
+        B, T, C = x.shape
+        x = x.reshape(B * T, C).contiguous()  # (N, C)
+        packed = self.packed["wte.weight"]
+        data, scale = packed.pointers
+        V = model.config.vocab_size
+        logits = torch.empty(B * T, V)  # (N, V), every element written by the kernel
+        ln_f = model.ln_f
+        self.kernels.linear(
+            x.data_ptr(), data, scale, None, logits.data_ptr(), B * T, C, V,
+            ln_f.weight.data_ptr(), ln_f.bias.data_ptr(), ln_f.eps, 0, None,
+        )
+        return logits.view(B, T, V)
+
+    # -- keeping the copies and the table current ------------------------------
+
+    def parameters_now(self, model: GPT2) -> list[torch.Tensor]:
+        """Every block parameter in BlockPointers order, then ln_f and wte,
+        looked up through the modules' own dicts (attribute access on an
+        nn.Module costs 20x a dict lookup, and this runs at every pass)."""
+        tensors = []
+        for block in model.h:
+            parts, attn, mlp = block._modules, block._modules["attn"]._modules, block._modules["mlp"]._modules
+            for module in (parts["ln_1"], attn["c_attn"], attn["c_proj"], parts["ln_2"], mlp["c_fc"], mlp["c_proj"]):
+                tensors += (module._parameters["weight"], module._parameters["bias"])
+        ln_f = model._modules["ln_f"]._parameters
+        return [*tensors, ln_f["weight"], ln_f["bias"], model._modules["wte"]._parameters["weight"]]
+
+    def block_table(self, model: GPT2) -> ctypes.Array | None:
+        """The pointer table of the parameters as they are now (rebuilt, and
+        changed weights packed again, whenever a parameter changed); None if
+        one is not CPU float32 and contiguous."""
+        tensors = self.parameters_now(model)
+        key = [t.data_ptr() for t in tensors] + [t._version for t in tensors]
+        if key == self.table_key:
+            return self.table
+        if not all(t is not None and kernel_readable(t) for t in tensors):
+            return None
+        matrices = [tensors[12 * i + s] for i in range(model.config.n_layer) for s in MATRIX_SLOTS] + [tensors[-1]]
+        with torch.no_grad():
+            for name, w in zip(self.matrix_names, matrices):
+                if w.is_inference():
+                    return None  # no version counter to watch (see own_ordinary_tensors)
+                kept = self.packed.get(name)
+                if kept is None or kept.source != stamp(w):
+                    if w.size(1) % 8:
+                        return None
+                    self.packed[name] = PackedWeight(pack_pairs(w), None, stamp(w))
+        table = (BlockPointers * model.config.n_layer)()
+        for i, entry in enumerate(table):
+            t = tensors[12 * i : 12 * i + 12]
+            names = self.names[12 * i : 12 * i + 12]
+            entry.ln_1_weight, entry.ln_1_bias = t[0].data_ptr(), t[1].data_ptr()
+            entry.c_attn, entry.c_attn_scale = self.packed[names[2]].pointers
+            entry.c_attn_bias = t[3].data_ptr()
+            entry.attn_proj, entry.attn_proj_scale = self.packed[names[4]].pointers
+            entry.attn_proj_bias = t[5].data_ptr()
+            entry.ln_2_weight, entry.ln_2_bias = t[6].data_ptr(), t[7].data_ptr()
+            entry.c_fc, entry.c_fc_scale = self.packed[names[8]].pointers
+            entry.c_fc_bias = t[9].data_ptr()
+            entry.mlp_proj, entry.mlp_proj_scale = self.packed[names[10]].pointers
+            entry.mlp_proj_bias = t[11].data_ptr()
+        self.table, self.table_key, self.table_tensors = table, key, tensors
+        return table
+
+
+def own_ordinary_tensors(model: nn.Module) -> None:
+    """Replaces every parameter made under `torch.inference_mode()` (such
+    tensors have no version counter, so an in-place edit could not be seen)
+    by an ordinary tensor with the same values."""
+    with torch.inference_mode(False), torch.no_grad():
+        for module in model.modules():
+            for name, p in module._parameters.items():
+                if p is not None and p.is_inference():
+                    module._parameters[name] = nn.Parameter(p.clone(), requires_grad=p.requires_grad)

@@ -1,0 +1,139 @@
+"""Compiles the C kernels of csrc/ into one library, once per machine, and
+loads it with ctypes.
+
+The kernels are plain C with AVX2 + FMA intrinsics and OpenMP: no PyTorch
+headers, no build step at install time. They are compiled on first use with
+the system C compiler (`$CC`, else `cc`; about a second) into a cache folder,
+under a name made from a hash of everything that goes into them, so an
+edited source or another compiler builds anew and a second process never
+loads a half-written file.
+
+Environment:
+    CC                 the C compiler (default `cc`)
+    GPT2_KERNEL_CACHE  where the library goes (default $XDG_CACHE_HOME/gpt2-speculative,
+                       else ~/.cache/gpt2-speculative)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = tuple(CSRC / name for name in ("linear.c", "attention.c", "blocks.c"))
+HEADERS = (CSRC / "vector_math.h",)  # included by the sources: part of the recipe
+
+# -fopenmp: the loops are split across threads with OpenMP. The library asks for
+# libgomp.so.1, which PyTorch has already loaded, so both share one thread pool
+# and torch.set_num_threads applies to the kernels too.
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+LIBRARIES = ("-lm",)
+COMPILE_TIMEOUT_S = 120
+
+
+def cache_dir() -> Path:
+    if os.environ.get("GPT2_KERNEL_CACHE"):
+        return Path(os.environ["GPT2_KERNEL_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gpt2-speculative"
+
+
+def cpu_unsupported() -> str | None:
+    """None if this CPU and OS can run the kernels, else why not."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the C kernels are x86-64 only (this CPU: {platform.machine()})"
+    if sys.platform == "win32":
+        return "building the C kernels on Windows is not supported"
+    capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
+    if capability not in ("AVX2", "AVX512"):
+        return f"the C kernels need AVX2 and FMA (PyTorch reports CPU capability {capability})"
+    return None
+
+
+def compiler() -> str | None:
+    """The C compiler's path, or None."""
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def library_path(cc: str) -> Path:
+    """Where the library built by `cc` from today's sources is (or will be)."""
+    recipe = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
+    recipe += repr((cc, FLAGS, LIBRARIES, platform.platform())).encode()
+    return cache_dir() / f"gpt2-kernels-{hashlib.sha256(recipe).hexdigest()[:16]}.so"
+
+
+def compile_library(cc: str, library: Path) -> None:
+    """Compiles SOURCES into `library` (to a temporary name first, then renamed).
+
+    Raises:
+        RuntimeError: the compiler failed; the message has its last line.
+    """
+    library.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(suffix=".so", dir=library.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [cc, *FLAGS, *map(str, SOURCES), "-o", partial, *LIBRARIES],
+            capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
+        )
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+            raise RuntimeError(f"`{cc}` failed (exit {done.returncode}): {lines[-1]}")
+        os.replace(partial, library)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The three C functions (see csrc/ for their arguments and layouts)."""
+
+    linear: ctypes._CFuncPtr  # few_rows_linear: y = residual + gelu(layer_norm(x) W^T + b)
+    attention: ctypes._CFuncPtr  # few_queries_attention: T queries per row over the KV cache
+    blocks: ctypes._CFuncPtr  # few_rows_blocks: every block of a pass in one call
+    path: Path
+
+
+def bind(library: ctypes.CDLL, path: Path) -> Kernels:
+    ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    linear = library.few_rows_linear
+    linear.argtypes = [ptr] * 5 + [i64] * 3 + [ptr, ptr, f32, ctypes.c_int, ptr]
+    attention = library.few_queries_attention
+    attention.argtypes = [ptr] * 6 + [i64] * 3 + [ptr, ptr] + [i64] * 6 + [f32]
+    blocks = library.few_rows_blocks
+    blocks.argtypes = [ptr, i64, ptr, ptr] + [i64] * 4 + [f32, ptr, ptr] + [i64] * 3 + [ptr, ptr]
+    for function in (linear, attention, blocks):
+        function.restype = None
+    return Kernels(linear, attention, blocks, path)
+
+
+@functools.cache
+def load() -> Kernels | str:
+    """The kernels, compiled first if needed; or, where they cannot be had,
+    the one-line reason (another CPU, no compiler, a failed build). Never
+    raises. Cached: a process compiles and loads at most once."""
+    unsupported = cpu_unsupported()
+    if unsupported:
+        return unsupported
+    cc = compiler()
+    if cc is None:
+        return f"no C compiler: `{os.environ.get('CC', 'cc')}` not found; install gcc or set CC"
+    library = library_path(cc)
+    try:
+        if not library.exists():
+            compile_library(cc, library)
+        return bind(ctypes.CDLL(str(library)), library)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        return f"building the C kernels failed: {err}"
