@@ -41,16 +41,21 @@ def make_hf_model(config: GPT2Config, *, seed: int = 0):
     """transformers' GPT2LMHeadModel of `config`'s shape with random weights,
     in eval mode (no dropout), using the eager attention as the reference.
 
-    The weights are deliberately not GPT-2's init: N(0, 0.1) matrices, random
-    biases and LayerNorm gains/shifts, so that every parameter matters and
-    the logits are far from all equal (a wrong layout or a missing term shows).
+    The weights are deliberately not GPT-2's init: random biases and
+    LayerNorm gains/shifts of std 0.1, so that every parameter matters and the
+    logits are far from all equal (a wrong layout or a missing term shows).
+    Weight matrices and embeddings have std 0.1 * sqrt(32 / n_embd): 0.1 for
+    the tiny shape, GPT-2's own 0.02 at n_embd = 768 (larger ones make 12
+    layers amplify every rounding error into chaos).
     """
     g = torch.Generator().manual_seed(seed)
     state = {}
+    matrix_std = 0.1 * (32 / config.n_embd) ** 0.5
     for name, shape in hub_parameter_shapes(config).items():
         is_layer_norm = ".ln_" in name or name.startswith("ln_f")
         base = 1.0 if is_layer_norm and name.endswith("weight") else 0.0
-        state[name] = base + 0.1 * torch.randn(shape, generator=g)
+        std = 0.1 if is_layer_norm or name.endswith(".bias") else matrix_std
+        state[name] = base + std * torch.randn(shape, generator=g)
     return hf_model_from_hub_state(config, state)
 
 

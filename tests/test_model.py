@@ -1,4 +1,5 @@
-"""The hand-written GPT-2 against transformers' GPT2LMHeadModel, and the
+"""The hand-written GPT-2 against transformers' GPT2LMHeadModel, on both of
+its paths (the readable one and the C fast path of gpt2/fast), and the
 properties of its KV cache.
 
 Both models get the same random weights through the real file path: the
@@ -12,8 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import TINY, hub_state_dict, make_hf_model, write_checkpoint
 from gpt2 import GPT2, PRESETS, GPT2Config, load_model
+from gpt2.fast.accelerator import FastGPT2
+from helpers import TINY, hub_state_dict, make_hf_model, write_checkpoint
 
 ATOL = 1e-4
 LAYOUTS = ("hub", "save_pretrained")
@@ -73,6 +75,34 @@ def test_cached_decoding_matches_transformers(pair):
     hf_out = hf(ids[:, :4], use_cache=True)
     hf_out = hf(ids[:, 4:5], past_key_values=hf_out.past_key_values, use_cache=True)
     assert max_diff(rows[1], hf_out.logits) <= ATOL
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("path", ["readable", "fast"])
+@pytest.mark.parametrize("new_tokens", [1, 5, 60])
+@pytest.mark.parametrize("cached", [True, False], ids=["cache", "no cache"])
+def test_both_paths_match_transformers(pair, fast_kernels, path, new_tokens, cached):
+    """The readable path and the fast path, with and without a KV cache, for
+    1, 5 and 60 new tokens (with a cache: after a 7-token prefill)."""
+    config, hf, ours = pair
+    model = ours["hub"]
+    assert isinstance(model.accelerator, FastGPT2), "load_model accelerates on a CPU"
+    prefix = min(7, config.n_ctx - new_tokens) if cached else 0
+    ids = random_ids(config, B=1, T=prefix + new_tokens, seed=new_tokens)
+    expected = hf(ids).logits[:, prefix:]  # (1, new_tokens, V)
+    saved = model.accelerator
+    if path == "readable":
+        model.accelerator = None
+    try:
+        if cached:
+            cache = model.new_cache()
+            model(ids[:, :prefix], cache)
+            got = model(ids[:, prefix:], cache)
+        else:
+            got = model(ids)
+    finally:
+        model.accelerator = saved
+    assert max_diff(got, expected) <= ATOL
 
 
 # ---------------------------------------------------------------------------

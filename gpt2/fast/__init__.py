@@ -91,8 +91,7 @@ def status(model: GPT2 | None = None) -> str:
     if model is not None and isinstance(getattr(model, "accelerator", None), FastGPT2):
         fast = model.accelerator
         weights = "int8" if fast.int8 else "float32"
-        return (f"fast path: C kernels ({fast.kernels.path.name}), {weights} weights; passes without a "
-                f"KV cache or with gradients take the {readable}")
+        return f"fast path: C kernels ({fast.kernels.path.name}), {weights} weights; passes that record gradients take the {readable}"
     reason = unavailable(model)
     if reason is None and build.load.cache_info().currsize:  # loaded or tried in this process
         loaded = build.load()

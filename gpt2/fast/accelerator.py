@@ -1,29 +1,18 @@
 """The fast CPU path of one GPT2 model: all blocks, the final layer norm and
-the LM head of a forward pass in C (csrc/), reading pair-packed copies of
-the weight matrices.
+the LM head of a forward pass in C (csrc/), reading pair-packed copies of the
+weight matrices.
 
-Legend: B = rows, T = new tokens per row, N = B * T, C = n_embd, V = vocab,
-L = n_layer.
+Legend: B = rows, T = new tokens per row, N = B * T, C = n_embd, V = vocab, L = n_layer.
 
-`FastGPT2` is what `gpt2.fast.accelerate` puts at the model's seam,
-`GPT2.accelerator`. It takes a pass when it can compute what the readable
-path computes: CPU, float32, no gradient, a KV cache, head size and width
-multiples of 8, and a tree mask only over at most MAX_NEW_TOKENS tokens. For
-any other pass it returns None and the model runs its own code. A prefill of
-more than MAX_NEW_TOKENS tokens goes through in chunks: the kernels give a
-position the same bits however many tokens share its pass (see csrc/), so
-chunking changes nothing but speed.
-
-What it owns (one FastGPT2 per model, nothing shared between models):
-- a pair-packed copy of every weight matrix (`pack_pairs`), or of its int8
-  levels where the model was quantised (gpt2/fast/quantize.py);
-- a table of data pointers to every block's parameters, for blocks.c.
-Before every pass it checks that the model's parameters are still the
-tensors, storage and versions those were made from. A weight written in place
-or replaced is packed again (as float32: its int8 levels no longer describe
-it), and the table rebuilt, so a copy never goes stale. Tensors made under
-`torch.inference_mode()` have no version counter, so `FastGPT2` swaps such
-parameters for ordinary tensors holding the same values.
+`FastGPT2` sits at the model's seam, `GPT2.accelerator`. It takes every pass
+whose result it computes the same way as the readable path (CPU, float32, no
+gradient, widths that are multiples of 8, a tree mask over at most
+MAX_NEW_TOKENS tokens) and returns None for the rest. A long prefill goes in
+chunks: the kernels give a position the same bits however many tokens share
+its pass. It owns its weight copies (float32, or int8 where the model was
+quantised) and a table of pointers for blocks.c; before every pass it checks
+that the parameters are still the tensors, storage and versions those came
+from, and packs a changed weight again, so a copy never goes stale.
 """
 
 from __future__ import annotations
@@ -151,7 +140,8 @@ class FastGPT2:
             x: (B, T, C) the blocks' input (embeddings).
             cache: the KV cache; row b holds cache.lengths[b] positions, and
                 the T new keys and values go at [lengths[b], lengths[b] + T).
-                (The model moves the lengths on afterwards.)
+                (The model moves the lengths on afterwards.) None: a scratch
+                cache for this pass.
             mask: (T, T) bool, which new tokens each new token sees; None:
                 causal.
             last_logits_only: the LM head for the last position only.
@@ -166,6 +156,8 @@ class FastGPT2:
         if table is None:
             return None  # a parameter the kernels cannot read: the readable path
         B, T, C = x.shape
+        if cache is None:
+            cache = KVCache(model.config, B, capacity=T)
         out = x.contiguous().clone()  # (B, T, C): the kernel updates it in place, block after block
         mask_bytes = None if mask is None else mask.to(torch.uint8).contiguous()  # (T, T)
         chunks = -(-T // MAX_NEW_TOKENS)  # one call, or a long prefill in chunks of equal size
@@ -182,9 +174,9 @@ class FastGPT2:
     def takes(self, model: GPT2, x: torch.Tensor, cache: KVCache | None, mask: torch.Tensor | None) -> bool:
         """CPU float32 input and cache, no gradient to record, widths the
         kernels take, and a mask only over at most MAX_NEW_TOKENS tokens."""
-        if cache is None or not (x.is_cpu and x.dtype == torch.float32):
+        if not (x.is_cpu and x.dtype == torch.float32):
             return False
-        if not (kernel_readable(cache.k) and kernel_readable(cache.v)):
+        if cache is not None and not (kernel_readable(cache.k) and kernel_readable(cache.v)):
             return False
         B, T, C = x.shape
         if C % 8 or (C // model.config.n_head) % 8 or (mask is not None and T > MAX_NEW_TOKENS):

@@ -1,0 +1,270 @@
+"""The C kernels of gpt2/fast/csrc, called directly, against float64
+references: the matrix product with its optional layer norm, GELU and
+residual (linear.c, float32 and int8 weights), and attention over a KV cache
+with per-row cache lengths and tree masks (attention.c). Each check is shown
+to fail on a plausible mistake.
+
+Tolerances: outputs of unit scale, float32 sums in another order and the
+kernels' float32 exp and tanh: 1e-5 * sqrt(in) for products, 2e-5 with the
+fused parts, 1e-5 for attention.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt2.fast.accelerator import pack_pairs
+from gpt2.fast.quantize import dequantize_rows, quantize_rows_int8
+
+FUSED_ATOL = 2e-5
+ATTENTION_ATOL = 1e-5
+
+
+# ---------------------------------------------------------------------------
+# linear.c
+# ---------------------------------------------------------------------------
+
+
+def kernel_linear(kernels, x, w, b=None, *, norm=None, gelu=False, residual=None, int8_scale=None):
+    """residual + gelu(norm(x) W^T + b) through few_rows_linear. x: (N, in);
+    w: (out, in) float32, or int8 levels with `int8_scale` (out,)."""
+    rows, in_features = x.shape
+    out_features = w.shape[0]
+    packed = pack_pairs(w)  # (ceil(out / 2), in / 8, 2, 8)
+    y = torch.empty(rows, out_features)  # (N, out)
+    kernels.linear(
+        x.data_ptr(), packed.data_ptr(), None if int8_scale is None else int8_scale.data_ptr(),
+        None if b is None else b.data_ptr(), y.data_ptr(), rows, in_features, out_features,
+        None if norm is None else norm.weight.data_ptr(), None if norm is None else norm.bias.data_ptr(),
+        0.0 if norm is None else norm.eps, int(gelu), None if residual is None else residual.data_ptr(),
+    )
+    return y
+
+
+def linear_reference(x, w, b=None, *, norm=None, gelu=False, residual=None, exact_gelu=False):
+    """The same in float64, rounded to float32."""
+    h = x.double()
+    if norm is not None:
+        h = F.layer_norm(h, norm.normalized_shape, norm.weight.double(), norm.bias.double(), norm.eps)
+    y = F.linear(h, w.double(), None if b is None else b.double())
+    if gelu:
+        y = F.gelu(y, approximate="none" if exact_gelu else "tanh")
+    if residual is not None:
+        y = residual.double() + y
+    return y.float()
+
+
+def test_pack_pairs_layout():
+    w = torch.arange(3 * 16, dtype=torch.float32).view(3, 16)  # out 3 (odd), in 16
+    packed = pack_pairs(w)
+    assert packed.shape == (2, 2, 2, 8)  # (ceil(3 / 2), 16 / 8, 2, 8)
+    assert torch.equal(packed[0, 1, 0], w[0, 8:16])  # pair 0, block 1, row o
+    assert torch.equal(packed[0, 1, 1], w[1, 8:16])  # pair 0, block 1, row o + 1
+    assert torch.equal(packed[1, 0, 0], w[2, 0:8])
+    assert torch.equal(packed[1, 0, 1], torch.zeros(8))  # the padding row
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 9, 15, 48, 70])
+@pytest.mark.parametrize("in_features, out_features", [(8, 1), (24, 7), (32, 101), (1280, 64)])
+def test_products_match_the_float64_reference(fast_kernels, rows, in_features, out_features):
+    g = torch.Generator().manual_seed(rows * 1000 + in_features + out_features)
+    x = torch.randn(rows, in_features, generator=g)
+    w = torch.randn(out_features, in_features, generator=g)
+    b = torch.randn(out_features, generator=g) if rows % 2 else None
+    torch.testing.assert_close(
+        kernel_linear(fast_kernels, x, w, b), linear_reference(x, w, b), rtol=1e-5, atol=1e-5 * in_features**0.5
+    )
+
+
+def test_that_check_fails_on_a_wrong_layout(fast_kernels):
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 32, generator=g), torch.randn(6, 32, generator=g)
+    y = torch.empty(5, 6)
+    wrong = w.reshape(3, 2, 4, 8).contiguous()  # pairs not interleaved in blocks of 8
+    fast_kernels.linear(x.data_ptr(), wrong.data_ptr(), None, None, y.data_ptr(), 5, 32, 6, None, None, 0.0, 0, None)
+    assert not torch.allclose(y, linear_reference(x, w), rtol=1e-5, atol=1e-4)
+
+
+def fused_case(rows, in_features, out_features, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = 3.0 * torch.randn(rows, in_features, generator=g) + 1.0  # off-centre: the norm has work to do
+    w = torch.randn(out_features, in_features, generator=g) / in_features**0.5  # outputs of unit scale
+    b = torch.randn(out_features, generator=g)
+    norm = torch.nn.LayerNorm(in_features, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(1.0 + 0.5 * torch.randn(in_features, generator=g))
+        norm.bias.copy_(0.5 * torch.randn(in_features, generator=g))
+    residual = torch.randn(rows, out_features, generator=g)
+    return x, w, b, norm, residual
+
+
+@pytest.mark.parametrize("rows", [1, 5, 9])
+@pytest.mark.parametrize("in_features, out_features", [(1280, 5120), (64, 13), (24, 7)])
+@pytest.mark.parametrize("parts", ["norm", "norm+gelu", "residual", "norm+gelu+residual"])
+def test_norm_gelu_and_residual_match_the_float64_reference(fast_kernels, rows, in_features, out_features, parts):
+    x, w, b, norm, residual = fused_case(rows, in_features, out_features, seed=rows + in_features + out_features)
+    options = {
+        "norm": norm if "norm" in parts else None,
+        "gelu": "gelu" in parts,
+        "residual": residual if "residual" in parts else None,
+    }
+    with torch.no_grad():
+        y = kernel_linear(fast_kernels, x, w, b, **options)
+        assert (y - linear_reference(x, w, b, **options)).abs().max().item() <= FUSED_ATOL
+
+
+def test_the_fused_check_fails_the_exact_gelu_and_a_missing_norm(fast_kernels):
+    """GELU with erf instead of tanh (F.gelu's default) is off by up to ~5e-4,
+    and skipping the norm by far more."""
+    x, w, b, norm, _ = fused_case(5, 1280, 5120, seed=7)
+    with torch.no_grad():
+        y = kernel_linear(fast_kernels, x, w, b, norm=norm, gelu=True)
+        assert (y - linear_reference(x, w, b, norm=norm, gelu=True)).abs().max().item() <= FUSED_ATOL
+        exact = linear_reference(x, w, b, norm=norm, gelu=True, exact_gelu=True)
+        assert (y - exact).abs().max().item() > 10 * FUSED_ATOL
+        assert (y - linear_reference(x, w, b, gelu=True)).abs().max().item() > 10 * FUSED_ATOL
+
+
+def test_gelu_of_large_inputs_stays_finite_and_exact(fast_kernels):
+    """tanh through e^(-2|u|) never overflows: outputs of +-200 give x and 0."""
+    x = torch.eye(16)
+    w = torch.diag(torch.tensor([200.0, -200.0, 50.0, -50.0, 1e-4, -1e-4, 0.0, 3.0] * 2))
+    y = kernel_linear(fast_kernels, x, w, gelu=True).diagonal()
+    assert torch.isfinite(y).all()
+    assert (y - F.gelu(w.diagonal().double(), approximate="tanh").float()).abs().max().item() <= 1e-6
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9, 48])
+@pytest.mark.parametrize("in_features, out_features", [(8, 1), (24, 7), (64, 101), (1280, 5120)])
+def test_int8_weights_match_the_float64_product(fast_kernels, rows, in_features, out_features):
+    g = torch.Generator().manual_seed(rows + in_features)
+    x = torch.randn(rows, in_features, generator=g)
+    q, scale = quantize_rows_int8(torch.randn(out_features, in_features, generator=g) / in_features**0.5)
+    b = torch.randn(out_features, generator=g)
+    y = kernel_linear(fast_kernels, x, q, b, int8_scale=scale)
+    expected = linear_reference(x, dequantize_rows(q, scale), b)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5 * in_features**0.5)
+    # The check can fail: scales given to the wrong rows.
+    wrong = kernel_linear(fast_kernels, x, q, b, int8_scale=scale.roll(1))
+    assert out_features == 1 or not torch.allclose(wrong, expected, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_row_gets_the_same_bits_whatever_the_rows_beside_it(fast_kernels, int8):
+    """Batch invariance of the product: row r of an N-row call is
+    bit-identical to the same row computed alone, for every N."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(20, 1280, generator=g)
+    w = torch.randn(96, 1280, generator=g) / 40
+    scale = None
+    if int8:
+        w, scale = quantize_rows_int8(w)
+    alone = torch.cat([kernel_linear(fast_kernels, x[r : r + 1], w, int8_scale=scale) for r in range(20)])
+    for n in range(2, 21):
+        assert torch.equal(kernel_linear(fast_kernels, x[:n], w, int8_scale=scale), alone[:n]), n
+
+
+# ---------------------------------------------------------------------------
+# attention.c
+# ---------------------------------------------------------------------------
+
+
+def attention_reference(q, k, v, starts, mask):
+    """Row b, query t sees keys [0, starts[b]) and the new tokens u (at
+    starts[b] + u) with mask[t, u], in float64. q: (B, nh, T, hs); k, v:
+    (B, nh, S, hs) caches already holding the new keys. Returns (B, T, C)."""
+    B, nh, T, hs = q.shape
+    out = []
+    for b in range(B):
+        P = int(starts[b])
+        seen = torch.cat([torch.ones(T, P, dtype=torch.bool), mask], dim=1)  # (T, P + T)
+        K = k[b, :, : P + T].double()  # (nh, P + T, hs)
+        scores = q[b].double() @ K.transpose(-1, -2) / math.sqrt(hs)  # (nh, T, P + T)
+        probs = scores.masked_fill(~seen, float("-inf")).softmax(dim=-1)
+        out.append((probs @ v[b, :, : P + T].double()).transpose(0, 1).reshape(T, nh * hs))  # (T, C)
+    return torch.stack(out).float()
+
+
+def tree_mask(T: int) -> torch.Tensor:
+    """(T, T): node t's parent is (t - 1) // 2, a binary tree; each node sees its ancestors and itself."""
+    mask = torch.eye(T, dtype=torch.bool)
+    for t in range(1, T):
+        mask[t] |= mask[(t - 1) // 2]
+    return mask
+
+
+def kernel_attention(kernels, q, k_new, v_new, cache_k, cache_v, starts, mask):
+    """few_queries_attention: copies the new keys into the caches at `starts`, then attends."""
+    B, nh, T, hs = q.shape
+    y = torch.empty(B, T, nh * hs)
+    starts = starts.to(torch.int64).contiguous()
+    mask_bytes = None if mask is None else mask.to(torch.uint8).contiguous()
+    kernels.attention(
+        q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(), y.data_ptr(),
+        B, nh, T, starts.data_ptr(), None if mask_bytes is None else mask_bytes.data_ptr(),
+        hs, q.stride(0), q.stride(1), q.stride(2), cache_k.stride(0), cache_k.stride(1), 1.0 / math.sqrt(hs),
+    )
+    return y
+
+
+ATTENTION_CASES = {  # B, nh, T, starts, hs, mask
+    "gpt2-large decode step": (1, 20, 1, [100], 64, None),
+    "verification at a long context": (1, 20, 5, [600], 64, None),
+    "end of the context window": (1, 12, 9, [1015], 64, None),
+    "prefill, no cache": (2, 3, 7, [0, 0], 8, None),
+    "rows of different lengths": (3, 4, 3, [13, 0, 40], 72, None),
+    "a token tree": (1, 4, 15, [21], 16, "tree"),
+    "a tree over a batch": (2, 2, 32, [5, 70], 64, "tree"),
+    "64 new tokens": (1, 2, 64, [9], 24, None),
+}
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES)
+def test_attention_matches_the_float64_reference(fast_kernels, case):
+    B, nh, T, starts, hs, mask_kind = ATTENTION_CASES[case]
+    g = torch.Generator().manual_seed(T * 100 + starts[0])
+    starts = torch.tensor(starts)
+    S = int(starts.max()) + T + 3
+    cache_k, cache_v = torch.randn(B, nh, S, hs, generator=g), torch.randn(B, nh, S, hs, generator=g)
+    qkv = 2.0 * torch.randn(B, T, 3, nh, hs, generator=g)
+    q, k_new, v_new = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs), strided views
+    mask = tree_mask(T) if mask_kind == "tree" else None
+    before_k = cache_k.clone()
+    y = kernel_attention(fast_kernels, q, k_new, v_new, cache_k, cache_v, starts, mask)
+    for b in range(B):  # the new keys went in at their row's start, and nothing else moved
+        P = int(starts[b])
+        assert torch.equal(cache_k[b, :, P : P + T], k_new[b]) and torch.equal(cache_v[b, :, P : P + T], v_new[b])
+        assert torch.equal(cache_k[b, :, :P], before_k[b, :, :P]) and torch.equal(cache_k[b, :, P + T :], before_k[b, :, P + T :])
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    expected = attention_reference(q, cache_k, cache_v, starts, causal if mask is None else mask)
+    assert (y - expected).abs().max().item() <= ATTENTION_ATOL
+
+
+def test_the_attention_check_fails_a_kernel_that_ignores_the_mask(fast_kernels):
+    B, nh, T, hs = 1, 2, 7, 16
+    g = torch.Generator().manual_seed(1)
+    cache_k, cache_v = torch.randn(B, nh, 20 + T, hs, generator=g), torch.randn(B, nh, 20 + T, hs, generator=g)
+    q, k_new, v_new = torch.randn(3, B, nh, T, hs, generator=g).unbind(0)
+    starts = torch.tensor([20])
+    y = kernel_attention(fast_kernels, q, k_new, v_new, cache_k, cache_v, starts, tree_mask(T))
+    assert (y - attention_reference(q, cache_k, cache_v, starts, tree_mask(T))).abs().max() <= ATTENTION_ATOL
+    causal = attention_reference(q, cache_k, cache_v, starts, torch.ones(T, T, dtype=torch.bool).tril())
+    assert (y - causal).abs().max() > 100 * ATTENTION_ATOL
+
+
+def test_large_scores_do_not_overflow(fast_kernels):
+    """Scores of +-1000 give the one-hot softmax, not inf or nan."""
+    B, nh, T, hs = 1, 2, 3, 8
+    g = torch.Generator().manual_seed(2)
+    cache_k, cache_v = torch.randn(B, nh, 16, hs, generator=g), torch.randn(B, nh, 16, hs, generator=g)
+    q, k_new, v_new = torch.randn(3, B, nh, T, hs, generator=g).unbind(0)
+    q = 300.0 * q
+    starts = torch.tensor([10])
+    y = kernel_attention(fast_kernels, q, k_new, v_new, cache_k, cache_v, starts, None)
+    assert torch.isfinite(y).all()
+    expected = attention_reference(q, cache_k, cache_v, starts, torch.ones(T, T, dtype=torch.bool).tril())
+    assert (y - expected).abs().max().item() <= 1e-4  # float32 scores of ~1000 carry errors of ~1e-4 themselves

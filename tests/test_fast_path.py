@@ -1,0 +1,317 @@
+"""gpt2/fast on whole models: the C forward pass computes what the readable
+path computes (logits and KV cache), position by position bit-identical
+however many rows share a pass (batch invariance, and with it exact greedy
+parity at near-ties), never reads a stale weight copy, and hands every pass
+it cannot take to the readable path. `status` says which path runs and why.
+
+Tolerance against the readable path: 1e-4 on logits of scale ~5 (measured
+1e-6 to 2e-5: float32 sums in another order, the kernels' layer norm, GELU
+and exp); a block wired wrong is off by more than 1e-2.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpt2 import GPT2, PRESETS, GPT2Config, fast, generate, init_random_weights
+from gpt2.fast import build
+from gpt2.fast.accelerator import MAX_NEW_TOKENS
+from helpers import REPO_ROOT, tiny_gpt2
+from spec_decoding import speculative_generate
+
+ATOL = 1e-4
+CONFIG = GPT2Config(n_layer=3, n_head=4, n_embd=64, vocab_size=101, n_ctx=160)  # hs = 16
+
+
+def new_model(seed: int = 0, config: GPT2Config = CONFIG) -> GPT2:
+    """Random weights with non-trivial layer norms and biases, so that swapping any two shows."""
+    model = GPT2(config).eval()
+    init_random_weights(model, std=0.2, generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".ln_" in name or name.endswith("bias"):
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def ids(B: int, T: int, seed: int, vocab: int = CONFIG.vocab_size) -> torch.Tensor:
+    return torch.randint(vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.inference_mode()
+def run(model: GPT2, *pieces: torch.Tensor, readable: bool = False, mask: torch.Tensor | None = None):
+    """Feeds `pieces` one after another into a fresh cache; the last one with
+    `mask`. Returns (logits of each piece, cache)."""
+    saved = model.accelerator
+    if readable:
+        model.accelerator = None
+    try:
+        cache = model.new_cache(pieces[0].size(0))
+        out = [model(p, cache, mask=mask if i == len(pieces) - 1 else None) for i, p in enumerate(pieces)]
+    finally:
+        model.accelerator = saved
+    return out, cache
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+# ---------------------------------------------------------------------------
+# The same computation as the readable path
+# ---------------------------------------------------------------------------
+
+
+def tree_mask(T: int) -> torch.Tensor:
+    mask = torch.eye(T, dtype=torch.bool)  # node t's parent is (t - 1) // 2
+    for t in range(1, T):
+        mask[t] |= mask[(t - 1) // 2]
+    return mask
+
+
+PASSES = {  # B, prompt length, new tokens, mask
+    "decode step": (1, 9, 1, None),
+    "verification": (1, 9, 5, None),
+    "16 new tokens": (1, 9, 16, None),
+    "a batch": (2, 9, 3, None),
+    "a token tree": (1, 9, 15, "tree"),
+    "a long prefill in chunks": (1, 2 * MAX_NEW_TOKENS + 20, 1, None),
+}
+
+
+@pytest.mark.parametrize("case", PASSES)
+def test_the_fast_path_gives_the_readable_logits_and_cache(fast_kernels, case):
+    B, P, T, mask_kind = PASSES[case]
+    model = fast.accelerate(new_model())
+    mask = tree_mask(T) if mask_kind == "tree" else None
+    prompt, new = ids(B, P, 1), ids(B, T, 2)
+    (fast_prefill, fast_logits), fast_cache = run(model, prompt, new, mask=mask)
+    (slow_prefill, slow_logits), slow_cache = run(model, prompt, new, readable=True, mask=mask)
+    assert max_diff(fast_prefill, slow_prefill) <= ATOL and max_diff(fast_logits, slow_logits) <= ATOL
+    assert torch.equal(fast_cache.lengths, slow_cache.lengths)
+    K = P + T
+    assert max_diff(fast_cache.k[:, :, :, :K], slow_cache.k[:, :, :, :K]) <= ATOL
+    assert max_diff(fast_cache.v[:, :, :, :K], slow_cache.v[:, :, :, :K]) <= ATOL
+    assert slow_logits.std() > 0.5  # the weights are not trivial
+
+
+def test_that_check_fails_a_block_wired_wrong(fast_kernels):
+    """The comparison above can fail: a pointer table with ln_1 and ln_2 swapped in the second block."""
+    model = fast.accelerate(new_model())
+    prompt, new = ids(1, 9, 1), ids(1, 2, 2)
+    (_, right), _ = run(model, prompt, new)
+    table = model.accelerator.block_table(model)
+    table[1].ln_1_weight, table[1].ln_2_weight = table[1].ln_2_weight, table[1].ln_1_weight
+    (_, wrong), _ = run(model, prompt, new)
+    assert max_diff(wrong, right) > 1e-2
+
+
+# ---------------------------------------------------------------------------
+# Batch invariance: a position's logits do not depend on the rows beside it
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["tiny", "gpt2"])
+def test_a_position_has_the_same_bits_in_a_step_a_verification_and_a_batch(fast_kernels, shape):
+    config = CONFIG if shape == "tiny" else PRESETS["gpt2"]
+    model = fast.accelerate(new_model(config=config))
+    V = config.vocab_size
+    prompt, new = ids(1, 20, 3, V), ids(1, 16, 4, V)
+    (_, *steps), _ = run(model, prompt, *new.split(1, dim=1))  # 16 one-token steps
+    one_by_one = torch.cat(steps, dim=1)  # (1, 16, V)
+    for k in range(2, 17):  # a k-token pass gives the bits of k one-token steps
+        (_, together), _ = run(model, prompt, new[:, :k])
+        assert torch.equal(together, one_by_one[:, :k]), k
+    (whole,), _ = run(model, torch.cat([prompt, new], dim=1))  # and so does the prefill of all of it
+    assert torch.equal(whole[:, 20:], one_by_one)
+    # A batch of 3 rows of different lengths: each row's bits are its own. The
+    # rows are prefilled padded to 20 tokens at the end, then each is rewound
+    # to its own length (its real positions never saw the padding).
+    rows = [ids(1, n, 10 + n, V) for n in (5, 20, 12)]
+    padded = torch.cat([torch.cat([r, torch.zeros(1, 20 - r.size(1), dtype=torch.long)], dim=1) for r in rows])
+    next_tokens = ids(3, 4, 20, V)
+    with torch.inference_mode():
+        batched = model.new_cache(3)
+        model(padded, batched)
+        batched.rewind(torch.tensor([r.size(1) for r in rows]))
+        together = model(next_tokens, batched)  # (3, 4, V)
+    for b, row in enumerate(rows):
+        (_, alone), _ = run(model, row, next_tokens[b : b + 1])
+        assert torch.equal(together[b : b + 1], alone), b
+
+
+def near_tie_target() -> GPT2:
+    """A target whose two best candidates are often nearly tied: token 3's
+    embedding (= LM head row) is token 4's plus 1e-8 noise, and 4 is this
+    model's most frequent token, so whenever it leads, 3 trails (or leads) by
+    rounding noise."""
+    model = tiny_gpt2(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=8), seed=5)
+    with torch.no_grad():
+        model.wte.weight[3] = model.wte.weight[4] + 1e-8 * torch.randn(32, generator=torch.Generator().manual_seed(0))
+    return model
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_greedy_speculation_equals_greedy_decoding_at_near_ties(fast_kernels):
+    """On the fast path, 120 greedy runs, gamma 1..8, with a draft that often
+    disagrees: every one is identical to plain greedy decoding. (On the
+    kernels before batch invariance, all 120 differed.)"""
+    target = fast.accelerate(near_tie_target())
+    draft = fast.accelerate(tiny_gpt2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=8), seed=6))
+    ties = identical = 0
+    for run_index in range(120):
+        prompt = ids(1, 1 + run_index % 5, 100 + run_index, 8)
+        baseline = generate(target, prompt, 40)
+        ties += int(((baseline[0, prompt.size(1) :] == 3) | (baseline[0, prompt.size(1) :] == 4)).sum())
+        out, _ = speculative_generate(target, draft, prompt, gamma=1 + run_index % 8, max_new_tokens=40)
+        identical += int(torch.equal(out, baseline))
+    assert ties > 500, "the runs must pass through the near-tied tokens often"
+    assert identical == 120
+
+
+# ---------------------------------------------------------------------------
+# Copies never go stale
+# ---------------------------------------------------------------------------
+
+
+def readable_and_fast(model: GPT2, prompt: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    (_, slow), _ = run(model, prompt, new, readable=True)
+    (_, quick), _ = run(model, prompt, new)
+    return slow, quick
+
+
+EDITS = {
+    "written in place": lambda m: m.h[0].mlp.c_fc.weight.mul_(1.5),
+    "given new storage": lambda m: setattr(m.h[1].attn.c_attn.weight, "data", m.h[1].attn.c_attn.weight.data * -1),
+    "replaced by a new parameter": lambda m: setattr(
+        m.h[2].mlp, "c_proj", torch.nn.Linear(4 * CONFIG.n_embd, CONFIG.n_embd)
+    ),
+    "the tied head written in place": lambda m: m.wte.weight.add_(0.1),
+    "a layer norm written in place": lambda m: m.h[0].ln_2.weight.mul_(-1),
+}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+@pytest.mark.parametrize("int8", [False, True])
+def test_an_edited_weight_is_used_at_the_next_pass(fast_kernels, edit, int8):
+    model = fast.accelerate(new_model(), int8=int8)
+    prompt, new = ids(1, 9, 1), ids(1, 3, 2)
+    slow, quick = readable_and_fast(model, prompt, new)
+    assert max_diff(slow, quick) <= ATOL
+    with torch.no_grad():
+        EDITS[edit](model)
+    slow_after, quick_after = readable_and_fast(model, prompt, new)
+    assert max_diff(slow_after, slow) > 1e-2, "the edit must change the model"
+    assert max_diff(quick_after, slow_after) <= ATOL
+
+
+def test_a_model_made_under_inference_mode_is_watched_too(fast_kernels):
+    """Tensors made under torch.inference_mode() have no version counter;
+    accelerate swaps them for ordinary ones, so an in-place edit is seen."""
+    with torch.inference_mode():
+        model = new_model()
+    assert model.h[0].attn.c_attn.weight.is_inference()
+    fast.accelerate(model)
+    prompt, new = ids(1, 9, 1), ids(1, 3, 2)
+    slow, _ = readable_and_fast(model, prompt, new)
+    with torch.inference_mode():
+        model.h[0].attn.c_attn.weight.mul_(2.0)
+    slow_after, quick_after = readable_and_fast(model, prompt, new)
+    assert max_diff(slow_after, slow) > 1e-2
+    assert max_diff(quick_after, slow_after) <= ATOL
+
+
+# ---------------------------------------------------------------------------
+# What it cannot take goes to the readable path; status says why
+# ---------------------------------------------------------------------------
+
+
+def test_passes_it_cannot_take_run_the_readable_code(fast_kernels):
+    model = fast.accelerate(new_model())
+    prompt = ids(1, 9, 1)
+    with torch.inference_mode():
+        x = model.wte(prompt)
+        cache = model.new_cache()
+        assert model.accelerator.takes(model, x, cache, None)
+        assert model.accelerator.takes(model, x, None, None)  # no KV cache: a scratch one
+        assert not model.accelerator.takes(model, model.wte(ids(1, 70, 1)), cache, tree_mask(70))  # mask too big
+    model.requires_grad_(True)
+    x = model.wte(prompt)
+    assert not model.accelerator.takes(model, x, model.new_cache(), None)  # gradients are recorded
+    logits = model(prompt)  # and run through the readable code
+    logits.sum().backward()
+    assert model.h[0].attn.c_attn.weight.grad is not None
+    odd = fast.accelerate(new_model(config=GPT2Config(n_layer=1, n_head=3, n_embd=36, vocab_size=50, n_ctx=16)))
+    (fast_out,), _ = run(odd, ids(1, 5, 1, 50))  # width 36: not a multiple of 8
+    (slow_out,), _ = run(odd, ids(1, 5, 1, 50), readable=True)
+    assert torch.equal(fast_out, slow_out)
+
+
+def test_accelerate_and_status_on_models_the_kernels_do_not_serve(monkeypatch):
+    def no_build():
+        raise AssertionError("nothing may be compiled for a model the kernels cannot serve")
+
+    monkeypatch.setattr(build, "load", no_build)
+    half = fast.accelerate(new_model().half())
+    assert half.accelerator is None
+    assert "CPU float32 models, this one is cpu float16" in fast.status(half)
+    monkeypatch.setenv(fast.READABLE_ENV, "1")
+    model = fast.accelerate(new_model())
+    assert model.accelerator is None and "GPT2_PLAIN_LINEAR=1" in fast.status(model)
+
+
+def test_status_names_the_path(fast_kernels):
+    model = new_model()
+    assert fast.status(model).startswith("readable path") and "not accelerated" in fast.status(model)
+    fast.accelerate(model)
+    assert fast.status(model).startswith("fast path") and "float32 weights" in fast.status(model)
+    assert "int8 weights" in fast.status(fast.accelerate(new_model(), int8=True))
+    model.accelerator = None  # the switch
+    assert fast.status(model).startswith("readable path")
+
+
+def run_python(code: str, tmp_path, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "GPT2_KERNEL_CACHE": str(tmp_path / "cache"), **env}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=300
+    )
+
+
+FALLBACK = """
+import torch
+from gpt2 import GPT2, GPT2Config, fast
+model = fast.accelerate(GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_ctx=8)).eval())
+assert model.accelerator is None
+with torch.inference_mode():
+    model(torch.tensor([[1, 2, 3]]), model.new_cache())
+print(fast.status(model))
+"""
+
+
+@pytest.mark.parametrize(
+    "compiler, expected", [("no-such-compiler-here", "no C compiler"), ("false", "building the C kernels failed")]
+)
+def test_without_a_working_compiler_it_falls_back_and_says_why(tmp_path, compiler, expected):
+    if build.cpu_unsupported():
+        pytest.skip(build.cpu_unsupported())
+    done = run_python(FALLBACK, tmp_path, CC=compiler)
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout and "readable path" in done.stdout
+
+
+def test_the_build_is_cached_by_its_recipe(fast_kernels, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path))
+    cc = build.compiler()
+    library = build.library_path(cc)
+    assert library.parent == tmp_path and not library.exists()
+    build.compile_library(cc, library)
+    stamp = library.stat().st_mtime_ns
+    assert build.library_path(cc) == library  # the same recipe, the same file: not compiled again
+    assert [p.name for p in tmp_path.iterdir()] == [library.name]  # no temporary file left
+    assert library.stat().st_mtime_ns == stamp

@@ -1,0 +1,111 @@
+"""The layout the code promises its readers: the model imports no speed
+machinery, no module imports itself back through others, all C lives in the
+speed subpackage, and module docstrings stay short."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from helpers import REPO_ROOT
+
+PACKAGES = ("gpt2", "spec_decoding", "benchmarks")
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every Python file of the product and benchmarks."""
+    modules = {"spec_decoding_generate": REPO_ROOT / "spec_decoding_generate.py"}
+    for package in PACKAGES:
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules[name] = path
+    return modules
+
+
+def runtime_imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules `name` imports when it runs (imports under
+    `if TYPE_CHECKING:` are for type checkers only and are left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return {m for m in found if m in known and m != name}
+
+
+def test_the_model_imports_no_speed_machinery():
+    modules = project_modules()
+    imported = runtime_imports("gpt2.model", modules["gpt2.model"], set(modules))
+    assert not {m for m in imported if m.startswith("gpt2.fast")}, imported
+    source = modules["gpt2.model"].read_text(encoding="utf-8")
+    assert "fast" not in "".join(line for line in source.splitlines() if line.startswith(("import", "from")))
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of the directed graph, as a path that ends where it starts; None if there is none."""
+    done, on_path = set(), []
+
+    def walk(name: str) -> list[str] | None:
+        if name in on_path:
+            return on_path[on_path.index(name) :] + [name]
+        if name in done:
+            return None
+        on_path.append(name)
+        for dependency in sorted(graph.get(name, ())):
+            cycle = walk(dependency)
+            if cycle:
+                return cycle
+        on_path.pop()
+        done.add(name)
+        return None
+
+    return next((c for c in map(walk, sorted(graph)) if c), None)
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_there_is_no_import_cycle():
+    modules = project_modules()
+    graph = {name: runtime_imports(name, path, set(modules)) for name, path in modules.items()}
+    # A package's __init__ importing its own submodules is the package, not a cycle.
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not (m.startswith(name + ".") and modules[name].name == "__init__.py")}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_all_c_lives_in_the_speed_subpackage():
+    c_files = [p for p in REPO_ROOT.rglob("*") if p.suffix in (".c", ".h") and ".git" not in p.parts]
+    assert c_files, "the C sources are part of the repository"
+    outside = [p for p in c_files if not p.is_relative_to(REPO_ROOT / "gpt2" / "fast" / "csrc")]
+    assert not outside, outside
+
+
+def test_module_docstrings_say_what_and_why_briefly():
+    long = {}
+    for package in ("gpt2", "spec_decoding"):
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+            assert docstring, f"{path} has no module docstring"
+            if len(docstring.splitlines()) > 22:
+                long[str(path.relative_to(REPO_ROOT))] = len(docstring.splitlines())
+    assert not long, f"module docstrings of more than ~20 lines: {long}"
