@@ -5,51 +5,40 @@
 On first use this downloads GPT-2 (the draft, 124M) and GPT-2 large (the
 target, 774M) into weights/, with progress bars; later runs need no network.
 The generated text streams as tokens are committed: tokens the draft proposed
-and the target accepted in green, tokens the target chose itself (the
-correction after a rejected draft, or the bonus token after a fully accepted
-one) in yellow. A stats block follows: the acceptance rate alpha, the mean
-tokens per target forward pass, the forward calls of each model, tokens/s and
-the time spent drafting vs verifying (Leviathan et al. 2023, Algorithm 1;
-Chen et al. 2023). With --compare the target also decodes alone, for the
-baseline's tokens/s, the speedup, and (greedy) a check that both outputs are
-identical.
-
-Generation stops after --max-gen tokens, at the context window, or after the
-end-of-text token <|endoftext|> (id 50256), which is kept as the last token.
+and the target accepted in green, tokens the target chose itself in yellow
+(cli/stream.py). A stats block follows (cli/report.py): the acceptance rate α,
+tokens per target call, forward calls, tokens/s (Leviathan et al. 2023,
+Algorithm 1; Chen et al. 2023). With --compare the target also decodes alone:
+the measured speedup, the one α and the step costs predict, and (greedy)
+whether both outputs are identical.
 
 stdout carries the text and the stats (or, with --json, exactly one JSON
-object); downloads, progress bars and notes go to stderr.
-Exit codes: 0 done, 2 bad input (one line "error: ..." on stderr), 130
-interrupted with Ctrl-C (what was generated so far and its stats are still
-printed), 1 an unexpected failure (--debug shows its traceback).
+object); downloads, progress bars and notes go to stderr. Every value is
+checked by the library (`SamplingConfig`, `check_integer`, ...). Exit codes:
+0 done, 2 bad input (one line "error: ..."), 130 Ctrl-C (what was generated
+so far and its stats are still printed), 1 an unexpected failure (--debug).
 """
 
 from __future__ import annotations
 
 import argparse
-import codecs
 import json
-import math
 import os
 import sys
 import time
 
-# torch and the model code are imported inside the functions that use them,
-# after the arguments are checked: --help and bad arguments then answer at
-# once, without the ~2 s torch import.
+# torch and the model code are imported inside the functions that use them:
+# --help and argparse's own errors then answer at once, without the torch import.
 
 DEFAULT_PROMPT = (
     "In a shocking finding, scientist discovered a herd of unicorns living in a remote, "
     "previously unexplored valley, in the Andes Mountains."
 )  # the prompt of OpenAI's GPT-2 announcement
-EOS_ID = 50256  # <|endoftext|>, GPT-2's end-of-text token
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-# ANSI colours, used only on a terminal.
-ACCEPTED_STYLE = "\033[32m"  # green: drafted by the small model, accepted by the target
-TARGET_STYLE = "\033[33m"  # yellow: chosen by the target (correction or bonus token)
-DIM, RESET = "\033[2m", "\033[0m"
+# The library names a sampling setting by its argument; the user knows it by its flag.
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
 
 
 # ---------------------------------------------------------------------------
@@ -71,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Speculative decoding with GPT-2: a small draft model proposes --gamma tokens, "
         "the large target model checks them all in one forward pass and keeps the ones it agrees with. "
         "Greedy output is exactly the target's own; sampled output has exactly its distribution.",
-        epilog="Generation stops after --max-gen tokens, at the context window, or after <|endoftext|> "
-        "(id 50256), which is kept. Colour: green = drafted and accepted, yellow = chosen by the target; "
+        epilog="Generation stops after --max-gen tokens, at the target's context window, or after <|endoftext|> "
+        "(id 50256), which is kept. Past the draft's context window the target goes on alone. "
+        "Colour: green = drafted and accepted, yellow = chosen by the target; "
         "only on a terminal, and never with --no-color, --json or the NO_COLOR environment variable. "
         "Exit codes: 0 done, 2 bad input, 130 interrupted (Ctrl-C), 1 unexpected error.",
         allow_abbrev=False,
@@ -87,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-gen", type=int, default=100, help="the most new tokens to generate, >= 1 (default: 100)")
     parser.add_argument(
         "--temperature", type=float, default=0.0,
-        help="0 is greedy decoding (deterministic); > 0 samples, higher is more random (default: 0)",
+        help="0 is greedy decoding (deterministic), and so is any temperature below 1e-4; "
+        "> 0 samples, higher is more random (default: 0)",
     )
     parser.add_argument(
         "--top-k", type=int, default=None,
@@ -99,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--seed", type=int, default=0,
-        help="seed of the random generator: the same seed and settings give the same sampled text "
+        help="seed of the random generator, any integer: the same seed and settings give the same sampled text "
         "(default: 0; greedy decoding uses no randomness)",
     )
     parser.add_argument(
@@ -134,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compare", action="store_true",
         help="also decode with the target alone (the baseline) on the same prompt, settings and seed: report both "
-        "times, the speedup, and when greedy whether the outputs are identical and where they first differ",
+        "speeds, the measured speedup next to the one this run's α and step costs predict (a warning when they "
+        "disagree: the machine's load changed), and when greedy whether the outputs are identical",
     )
     parser.add_argument(
         "--json", action="store_true",
@@ -146,18 +138,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_args(args: argparse.Namespace) -> None:
-    """Raises ValueError, naming the flag and its valid range, for a bad setting."""
-    if args.gamma < 1:
-        raise ValueError(f"--gamma must be >= 1 (tokens drafted per step), got {args.gamma}: try --gamma 4")
-    if args.max_gen < 1:
-        raise ValueError(f"--max-gen must be >= 1 (the most new tokens), got {args.max_gen}: try --max-gen 100")
-    if not math.isfinite(args.temperature) or args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}: try 0 or 0.8")
-    if args.top_k is not None and args.top_k < 1:
-        raise ValueError(f"--top-k must be >= 1, got {args.top_k}: leave it out for no limit, or try --top-k 50")
-    if args.top_p is not None and not (0.0 < args.top_p <= 1.0):
-        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}: leave it out for no limit, or try --top-p 0.9")
+def check_settings(args: argparse.Namespace):
+    """The sampling settings, as the library's `SamplingConfig`. The library
+    checks every value (a temperature below 1e-4 is greedy there); its
+    ValueError names the flag.
+
+    Raises:
+        ValueError: a bad --gamma, --max-gen, --temperature, --top-k or --top-p.
+    """
+    from gpt2.generate import check_integer
+    from gpt2.sampling import SamplingConfig
+
+    check_integer(args.gamma, "--gamma", 1)  # as speculative_generate checks gamma
+    check_integer(args.max_gen, "--max-gen", 1)
+    try:
+        return SamplingConfig(args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        name, rest = str(e).split(" ", 1)
+        raise ValueError(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -176,58 +174,6 @@ def read_prompt(args: argparse.Namespace) -> str:
     return text
 
 
-def wants_color(args: argparse.Namespace, stream) -> bool:
-    """Colour only on a terminal, never in --json, with --no-color or NO_COLOR set (no-color.org)."""
-    return stream.isatty() and not (args.no_color or args.json or os.environ.get("NO_COLOR"))
-
-
-# ---------------------------------------------------------------------------
-# Streaming the committed tokens
-# ---------------------------------------------------------------------------
-
-
-class TokenStream:
-    """Writes tokens as text as `speculative_generate` commits them.
-
-    A GPT-2 token is a byte string, and one UTF-8 character (an emoji, a CJK
-    character) is often split over two or three tokens. The bytes go through
-    an incremental UTF-8 decoder, which holds an incomplete character back
-    until the token that completes it arrives (that token's colour is the
-    character's), so the streamed text equals the decoded whole.
-
-    `tokens` and `accepted` keep everything written, for an interrupted run.
-    """
-
-    def __init__(self, tokenizer, out, color: bool) -> None:
-        self.tokenizer = tokenizer
-        self.out = out
-        self.color = color
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.tokens: list[int] = []
-        self.accepted: list[bool] = []  # per token: drafted and accepted (True), or the target's own
-
-    def on_step(self, tokens: list[int], num_accepted: int) -> None:
-        """The loop's callback: the first `num_accepted` tokens were drafted and accepted."""
-        for i, token in enumerate(tokens):
-            self.tokens.append(token)
-            self.accepted.append(i < num_accepted)
-            if self.out is not None:
-                text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token))
-                self.write(text, ACCEPTED_STYLE if i < num_accepted else TARGET_STYLE)
-        if self.out is not None:
-            self.out.flush()
-
-    def finish(self) -> None:
-        """Flushes bytes left undecoded (an incomplete character becomes U+FFFD)."""
-        if self.out is not None:
-            self.write(self.decoder.decode(b"", final=True), TARGET_STYLE)
-            self.out.flush()
-
-    def write(self, text: str, style: str) -> None:
-        if text:
-            self.out.write(f"{style}{text}{RESET}" if self.color else text)
-
-
 # ---------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------
@@ -239,12 +185,13 @@ def load_everything(args: argparse.Namespace, prompt: str, device, dtype, quanti
 
     Everything that can be wrong is checked before the weights are read
     (which takes seconds for GPT-2 large): the downloads, the vocabularies
-    and the prompt's length, from config.json and the tokenizer alone.
+    and the prompt's length, from config.json and the tokenizer alone. Only
+    the target's context window limits the prompt.
 
     Raises:
         ValueError, FileNotFoundError: a source that does not exist or cannot
             be downloaded, a corrupt file, vocabularies that do not match, a
-            prompt that does not fit the context window.
+            prompt that does not fit the target's context window.
     """
     import torch
 
@@ -278,8 +225,7 @@ def load_everything(args: argparse.Namespace, prompt: str, device, dtype, quanti
             "use GPT-2 checkpoints (or a folder whose vocab.json matches its model)"
         )
     prompt_ids = tokenizer.encode(prompt, allowed_special="all")  # "<|endoftext|>" in the text is token 50256
-    n_ctx = min(configs["draft"].n_ctx, configs["target"].n_ctx)
-    check_prompt(torch.tensor([prompt_ids], dtype=torch.long), n_ctx, V)
+    check_prompt(torch.tensor([prompt_ids], dtype=torch.long), configs["target"].n_ctx, V)
 
     models = {}
     for role, source in sources.items():
@@ -289,12 +235,13 @@ def load_everything(args: argparse.Namespace, prompt: str, device, dtype, quanti
 
 
 def warm_up(model, input_ids) -> None:
-    """One uncached forward pass, so one-time costs (CUDA context, kernel
-    choice, memory pools) fall on neither timed run."""
+    """One uncached forward pass over the prompt (as much of it as the
+    model's window holds), so one-time costs (CUDA context, kernel choice,
+    memory pools) fall on neither timed run."""
     import torch
 
     with torch.inference_mode():
-        model(input_ids)
+        model(input_ids[:, : model.config.n_ctx])
 
 
 # ---------------------------------------------------------------------------
@@ -302,42 +249,27 @@ def warm_up(model, input_ids) -> None:
 # ---------------------------------------------------------------------------
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first index where two token lists differ (or one ends); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):  # stops at the shorter
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def per_second(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
-def clock(device) -> float:
-    """Wall time once the device has finished its queued work (GPUs run ahead
-    of Python), as the decoding loop times its steps."""
+def run(args: argparse.Namespace, sampling, prompt: str) -> int:
+    """Loads, generates (streaming), compares if asked, reports. Returns the exit code.
+
+    `sampling`: the checked `SamplingConfig` of args (`check_settings`)."""
     import torch
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-    return time.perf_counter()
-
-
-def run(args: argparse.Namespace, prompt: str) -> int:
-    """Loads, generates (streaming), compares if asked, reports. Returns the exit code."""
-    import torch
-
-    from gpt2 import resolve_device, resolve_dtype
+    from cli import report
+    from cli.stream import DIM, RESET, TokenStream, wants_color
+    from gpt2 import END_OF_TEXT_ID, resolve_device, resolve_dtype
     from gpt2.fast.quantize import resolve_quantize
     from spec_decoding import SpecStats, speculative_generate
+    from spec_decoding.loop import clock
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     quantize = resolve_quantize(args.quantize, device, dtype)
-    if args.temperature == 0 and (args.top_k is not None or args.top_p is not None):
+    if sampling.greedy and (args.top_k is not None or args.top_p is not None):
         print("note: --top-k and --top-p only apply when sampling (--temperature > 0)", file=sys.stderr)
 
     t_load = time.perf_counter()
@@ -348,9 +280,13 @@ def run(args: argparse.Namespace, prompt: str) -> int:
     load_seconds = clock(device) - t_load
 
     out = None if args.json else sys.stdout
-    color = wants_color(args, sys.stdout)
+    color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if out is not None:
-        print_header(args, device, dtype, quantize, color)
+        report.print_header(
+            draft=args.draft, target=args.target, gamma=args.gamma, max_gen=args.max_gen,
+            decoding=report.describe_decoding(sampling, args.seed), device=device, dtype=dtype, quantize=quantize,
+            color=color,
+        )
         out.write(prompt)
         out.flush()
 
@@ -362,8 +298,8 @@ def run(args: argparse.Namespace, prompt: str) -> int:
         speculative_generate(
             target, draft, input_ids,
             gamma=args.gamma, max_new_tokens=args.max_gen,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            eos_id=EOS_ID, generator=torch.Generator(device=device).manual_seed(args.seed),
+            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            eos_id=END_OF_TEXT_ID, generator=seeded_generator(args.seed, device),
             on_step=stream.on_step, stats=stats,
         )
     except KeyboardInterrupt:
@@ -386,7 +322,9 @@ def run(args: argparse.Namespace, prompt: str) -> int:
     comparison = None
     if args.compare and not interrupted:
         try:
-            comparison = compare_with_target_alone(args, target, input_ids, tokenizer, stream.tokens, timings)
+            comparison = compare_with_target_alone(
+                args, sampling, target, input_ids, tokenizer, stats, stream.tokens, timings
+            )
         except KeyboardInterrupt:
             interrupted = True
 
@@ -401,9 +339,10 @@ def run(args: argparse.Namespace, prompt: str) -> int:
                 "draft": args.draft, "target": args.target,
                 "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
                 "gamma": args.gamma, "max_gen": args.max_gen,
-                "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+                "temperature": args.temperature, "greedy": sampling.greedy,
+                "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
                 "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
-                "eos_id": EOS_ID,
+                "eos_id": END_OF_TEXT_ID,
             },
             "stats": stats.to_dict(),
             "timings": timings,
@@ -414,133 +353,107 @@ def run(args: argparse.Namespace, prompt: str) -> int:
         json.dump(result, sys.stdout)
         sys.stdout.write("\n")
     else:
-        n_ctx = min(target.config.n_ctx, draft.config.n_ctx)
-        stop = stop_reason(stats, interrupted, len(prompt_ids) + len(stream.tokens), n_ctx)
-        print_stats(args, stats, len(stream.tokens), timings, stop)
+        stop = report.stop_reason(
+            stats, interrupted=interrupted, max_gen=args.max_gen,
+            length=len(prompt_ids) + len(stream.tokens), target_n_ctx=target.config.n_ctx,
+        )
+        report.print_stats(
+            stats, stop=stop, length=len(prompt_ids) + len(stream.tokens), draft_n_ctx=draft.config.n_ctx,
+            timings=timings,
+        )
         if args.compare:
-            print_comparison(comparison, stream.tokens, tokenizer)
+            report.print_comparison(comparison, stream.tokens, tokenizer)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
-def compare_with_target_alone(args, target, input_ids, tokenizer, spec_tokens: list[int], timings: dict) -> dict:
-    """Plain decoding with the target (`gpt2.generate`), same prompt, settings
-    and seed: its time, the speedup, and whether its tokens equal `spec_tokens`."""
+def seeded_generator(seed: int, device):
+    """A torch.Generator on `device` seeded with `seed`, any integer: torch
+    takes seeds modulo 2**64 (-1 is 2**64 - 1) but refuses larger ones."""
     import torch
 
-    from gpt2 import generate
+    return torch.Generator(device=device).manual_seed(seed % 2**64)
+
+
+def compare_with_target_alone(
+    args, sampling, target, input_ids, tokenizer, stats, spec_tokens: list[int], timings: dict
+) -> dict:
+    """Plain decoding with the target (`gpt2.generate`), same prompt, settings
+    and seed: its speed, the measured speedup, and whether its tokens equal
+    `spec_tokens`; and the speedup this run's α and step costs predict.
+
+    The two runs are timed one after the other, so a change of the machine's
+    load between them skews the measured speedup. The prediction
+    (`predicted_speedup`, Leviathan et al. Theorem 3.8 with the measured
+    verification cost) takes its target step cost t_t from a few plain
+    target steps timed right after the speculative run, not from the
+    baseline: when the load changed, prediction and measurement disagree.
+    """
+    from cli.report import speedups_agree
+    from gpt2 import END_OF_TEXT_ID, generate
+    from gpt2.generate import first_difference
+    from spec_decoding import predicted_speedup
+    from spec_decoding.loop import clock
+
+    step_seconds = {
+        "draft": stats.draft_seconds / stats.draft_calls if stats.draft_calls else 0.0,  # t_d
+        "target": time_target_step(target, input_ids, spec_tokens),  # t_t, in the speculative run's time
+        "verify": stats.verify_seconds / stats.target_calls,  # t_v(γ + 1)
+    }
+    predicted = predicted_speedup(
+        stats.alpha, args.gamma, step_seconds["draft"], step_seconds["target"], step_seconds["verify"]
+    )
 
     print("decoding with the target alone for --compare ...", file=sys.stderr)
     device = input_ids.device
     t0 = clock(device)
     baseline = generate(
         target, input_ids, args.max_gen,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        eos_id=EOS_ID, generator=torch.Generator(device=device).manual_seed(args.seed),
+        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+        eos_id=END_OF_TEXT_ID, generator=seeded_generator(args.seed, device),
     )
     seconds = clock(device) - t0
     baseline_ids = baseline[0, input_ids.size(1):].tolist()
     tokens_per_second = per_second(len(baseline_ids), seconds)
+    # a ratio of tokens/s, since sampled runs may stop at different lengths
+    speedup = timings["tokens_per_second"] / tokens_per_second if tokens_per_second > 0 else 0.0
     return {
         "baseline_text": tokenizer.decode(baseline_ids),
         "baseline_token_ids": baseline_ids,
         "baseline_seconds": seconds,
         "baseline_tokens_per_second": tokens_per_second,
-        # a ratio of tokens/s, since sampled runs may stop at different lengths
-        "speedup": timings["tokens_per_second"] / tokens_per_second if tokens_per_second > 0 else None,
-        "greedy": args.temperature == 0,
+        "speedup": speedup,
+        "step_seconds": step_seconds,
+        "predicted_speedup": predicted,
+        "speedup_matches_prediction": speedups_agree(speedup, predicted),
+        "greedy": sampling.greedy,
         "identical": baseline_ids == spec_tokens,
         "first_difference": first_difference(spec_tokens, baseline_ids),
     }
 
 
-def stop_reason(stats, interrupted: bool, length: int, n_ctx: int) -> str:
-    if interrupted:
-        return "interrupted (Ctrl-C)"
-    if stats.stopped_at_eos:
-        return "stopped at <|endoftext|>"
-    if length >= n_ctx:
-        return f"stopped at the context window ({n_ctx} tokens)"
-    return "stopped at --max-gen"
+def time_target_step(target, input_ids, tokens: list[int], steps: int = 5) -> float:
+    """The median seconds of one plain decoding step of the target (one new
+    token over its KV cache), over `steps` steps after the prompt that feed
+    `tokens` (the generated ones, any ids would do)."""
+    import statistics
 
+    import torch
 
-def print_header(args: argparse.Namespace, device, dtype, quantize: str | None, color: bool) -> None:
-    if args.temperature == 0:
-        decoding = "greedy"
-    else:
-        decoding = f"sampling at temperature {args.temperature:g}"
-        decoding += f", top-k {args.top_k}" if args.top_k is not None else ""
-        decoding += f", top-p {args.top_p:g}" if args.top_p is not None else ""
-        decoding += f", seed {args.seed}"
-    print(f"draft {args.draft} proposes {args.gamma} tokens per step, target {args.target} verifies them")
-    weights = f", {quantize} weights (the output is the {quantize} target's)" if quantize else ""
-    print(f"{decoding}, up to {args.max_gen} new tokens, {device} {str(dtype).removeprefix('torch.')}{weights}")
-    if color:
-        print(
-            f"legend: {ACCEPTED_STYLE}drafted and accepted{RESET}  "
-            f"{TARGET_STYLE}chosen by the target (correction or bonus token){RESET}"
-        )
-    print()
+    from spec_decoding.loop import clock
 
-
-def print_rows(rows: list[tuple[str, str]], width: int = 19) -> None:
-    for label, value in rows:
-        print(f"{label:<{width}} {value}")
-
-
-def print_stats(args: argparse.Namespace, stats, n_new: int, timings: dict, stop: str) -> None:
-    from spec_decoding import expected_tokens_per_step
-
-    print()
-    print_rows([
-        ("new tokens", f"{n_new} in {stats.target_calls} target calls, {stop}"),
-        (
-            "acceptance α",
-            f"{stats.alpha:.3f} (accepted / judged drafts; {stats.accepted} of {stats.drafted} drafted tokens "
-            "accepted)",
-        ),
-        (
-            "tokens/target call",
-            f"{stats.tokens_per_target_call:.2f} (at most {args.gamma + 1}; "
-            f"{expected_tokens_per_step(stats.alpha, args.gamma):.2f} expected at this α, Leviathan et al. eq. 1)",
-        ),
-        ("forward calls", f"target {stats.target_calls}, draft {stats.draft_calls} (after the prompt's prefill)"),
-        (
-            "speed",
-            f"{timings['tokens_per_second']:.1f} tokens/s ({timings['generate_seconds']:.2f} s: "
-            f"drafting {stats.draft_seconds:.2f} s, verifying {stats.verify_seconds:.2f} s)",
-        ),
-    ])
-
-
-def print_comparison(comparison: dict | None, spec_tokens: list[int], tokenizer) -> None:
-    if comparison is None:
-        print_rows([("target alone", "not run: interrupted (Ctrl-C)")])
-        return
-    i = comparison["first_difference"]
-    baseline = comparison["baseline_token_ids"]
-    if not comparison["greedy"]:
-        verdict = "sampled: both follow the target's distribution, so they need not match token for token"
-    elif i is None:
-        verdict = f"identical to the target alone, token for token ({len(spec_tokens)} tokens)"
-    else:
-
-        def show(tokens: list[int]) -> str:
-            return repr(tokenizer.decode(tokens[i : i + 1])) if i < len(tokens) else "(end)"
-
-        verdict = (
-            f"DIFFERENT from the target alone from new token {i}: speculative {show(spec_tokens)} vs "
-            f"target alone {show(baseline)} (in float16/bfloat16 a near-tie can flip an argmax)"
-        )
-    speedup = comparison["speedup"]
-    print_rows([
-        (
-            "target alone",
-            f"{comparison['baseline_tokens_per_second']:.1f} tokens/s "
-            f"({len(baseline)} tokens in {comparison['baseline_seconds']:.2f} s)",
-        ),
-        ("speedup", f"{speedup:.2f}x" if speedup is not None else "n/a"),
-        ("outputs", verdict),
-    ])
+    device = input_ids.device
+    T = input_ids.size(1)
+    feed = (tokens or [0])[: max(1, min(steps, target.config.n_ctx - T))]
+    seconds = []
+    with torch.inference_mode():
+        cache = target.new_cache(1)
+        target(input_ids, cache, last_logits_only=True)  # the prompt's prefill, not timed
+        for token in feed:
+            token_ids = torch.tensor([[token]], device=device)  # (1, 1)
+            t0 = clock(device)
+            target(token_ids, cache, last_logits_only=True)
+            seconds.append(clock(device) - t0)
+    return statistics.median(seconds)
 
 
 # ---------------------------------------------------------------------------
@@ -553,8 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")  # a non-UTF-8 terminal shows '?' instead of crashing
     try:
-        check_args(args)
-        return run(args, read_prompt(args))
+        sampling = check_settings(args)
+        return run(args, sampling, read_prompt(args))
     except KeyboardInterrupt:  # before generation started (loading, downloading)
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

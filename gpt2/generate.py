@@ -87,6 +87,16 @@ def check_model(model, role: str = "model") -> None:
         )
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ, or where the shorter one
+    ends if it is a prefix of the other; None if they are equal. (Greedy
+    speculative output must equal the baseline's: this says where it does not.)"""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):  # stops at the shorter
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 @torch.inference_mode()
 def generate(
     model: GPT2,

@@ -19,7 +19,12 @@ transposed once here, after a shape check against the config.
 
 from __future__ import annotations
 
+import inspect
+import os
 import shutil
+import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,6 +39,10 @@ MODEL_FILES = ("config.json", "model.safetensors")
 TOKENIZER_FILES = ("vocab.json", "merges.txt")
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
+
+# The first request of a download: how long it may wait for the Hub before we
+# say there is no network (each of connect and read, in seconds).
+HUB_PROBE_TIMEOUT_SECONDS = 3.0
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -98,16 +107,18 @@ def local_folder_for(repo_id: str, weights_dir: str | Path | None = None) -> Pat
 
 def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
     """Fetches config.json, model.safetensors, vocab.json and merges.txt of a
-    Hub repo into `local_folder_for(repo_id)` (progress bars from
-    huggingface_hub), unless config.json and model.safetensors are already
-    there. A repo without vocab.json/merges.txt is fine (the tokenizer falls
-    back to tiktoken's). Returns the folder.
+    Hub repo into `local_folder_for(repo_id)`, unless config.json and
+    model.safetensors are already there. A repo without vocab.json/merges.txt
+    is fine (the tokenizer falls back to tiktoken's). Returns the folder.
 
-    Honours HF_ENDPOINT (the tests point it at a local server).
+    Says on stderr what it fetches; huggingface_hub draws a progress bar per
+    file when stderr is a terminal. Honours HF_ENDPOINT (the tests point it
+    at a local server) and HF_HUB_DISABLE_PROGRESS_BARS.
 
     Raises:
         ValueError: the repo does not exist or has no model.safetensors.
-        FileNotFoundError: the Hub cannot be reached and there is no local copy.
+        FileNotFoundError: the Hub cannot be reached and there is no local
+            copy (within a few seconds: see `HUB_PROBE_TIMEOUT_SECONDS`).
     """
     folder = local_folder_for(repo_id, weights_dir)
     if all((folder / f).is_file() for f in MODEL_FILES):
@@ -117,7 +128,38 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
     wanted = ("config.json", *TOKENIZER_FILES, "model.safetensors")
 
     # Imported here so that loading a local folder never needs the library.
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    # huggingface_hub retries a failed request for a file it has no copy of
+    # five times, 23 s of backoff with a warning each time. One request of
+    # our own first, with no retries, tells a missing network in seconds.
+    probe = partial(get_hf_file_metadata, hf_hub_url(repo_id, "config.json"), timeout=HUB_PROBE_TIMEOUT_SECONDS)
+    progress = {"tqdm_class": progress_bar_class()} if accepts_tqdm_class(hf_hub_download) else {}
+    first_download = not folder.exists()
+    try:
+        ask_hub(probe, repo_id, "config.json", folder)
+        print(f"downloading {repo_id} from {constants.ENDPOINT} into {folder}", file=sys.stderr)
+        folder.mkdir(parents=True, exist_ok=True)
+        for filename in wanted:
+            if not (folder / filename).is_file():
+                fetch = partial(hf_hub_download, repo_id, filename, local_dir=folder, **progress)
+                ask_hub(fetch, repo_id, filename, folder)
+    except Exception:
+        if first_download and not any((folder / f).is_file() for f in wanted):
+            shutil.rmtree(folder, ignore_errors=True)  # leave no empty folder behind a failed first try
+        raise
+    return folder
+
+
+def ask_hub(request: Callable[[], object], repo_id: str, filename: str, folder: Path) -> None:
+    """Runs `request` (a call about `filename` of `repo_id`) and turns the Hub's
+    errors into ours. A missing tokenizer file is no error: the tokenizer then
+    falls back to tiktoken's own GPT-2 files.
+
+    Raises:
+        ValueError: a gated or unknown repo, or a missing model file.
+        FileNotFoundError: the Hub cannot be reached.
+    """
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
@@ -125,44 +167,65 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
         RepositoryNotFoundError,
     )
 
-    first_download = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
     try:
-        for filename in wanted:
-            if (folder / filename).is_file():
-                continue
-            try:
-                hf_hub_download(repo_id, filename, local_dir=folder)
-            except GatedRepoError:
-                raise ValueError(
-                    f"'{repo_id}' is a gated repo on the Hugging Face Hub: log in with `hf auth login` first"
-                ) from None
-            except RepositoryNotFoundError:
-                raise ValueError(
-                    f"no model '{repo_id}' on the Hugging Face Hub: check the name (e.g. gpt2, gpt2-large, "
-                    "distilgpt2, openai-community/gpt2-xl) or pass a local folder with config.json and "
-                    "model.safetensors"
-                ) from None
-            except LocalEntryNotFoundError as e:  # no network; it subclasses EntryNotFoundError, so it comes first
-                raise cannot_download(repo_id, folder, e) from None
-            except EntryNotFoundError:
-                if filename in TOKENIZER_FILES:
-                    continue  # the tokenizer falls back to tiktoken's own GPT-2 files
-                raise ValueError(
-                    f"'{repo_id}' on the Hugging Face Hub has no {filename}; only GPT-2 checkpoints saved as "
-                    "safetensors can be loaded"
-                ) from None
-            except OSError as e:
-                raise cannot_download(repo_id, folder, e) from None
-            except Exception as e:  # httpx errors that are not OSError: the network is the problem
-                if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2"):
-                    raise cannot_download(repo_id, folder, e) from None
-                raise
-    except Exception:
-        if first_download and not any((folder / f).is_file() for f in wanted):
-            shutil.rmtree(folder, ignore_errors=True)  # leave no empty folder behind a failed first try
+        request()
+    except GatedRepoError:
+        raise ValueError(
+            f"'{repo_id}' is a gated repo on the Hugging Face Hub: log in with `hf auth login` first"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ValueError(
+            f"no model '{repo_id}' on the Hugging Face Hub: check the name (e.g. gpt2, gpt2-large, "
+            "distilgpt2, openai-community/gpt2-xl) or pass a local folder with config.json and "
+            "model.safetensors"
+        ) from None
+    except LocalEntryNotFoundError as e:  # no network; it subclasses EntryNotFoundError, so it comes first
+        raise cannot_download(repo_id, folder, e) from None
+    except EntryNotFoundError:
+        if filename in TOKENIZER_FILES:
+            return
+        raise ValueError(
+            f"'{repo_id}' on the Hugging Face Hub has no {filename}; only GPT-2 checkpoints saved as "
+            "safetensors can be loaded"
+        ) from None
+    except OSError as e:
+        raise cannot_download(repo_id, folder, e) from None
+    except Exception as e:  # httpx errors that are not OSError: the network is the problem
+        if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2"):
+            raise cannot_download(repo_id, folder, e) from None
         raise
-    return folder
+
+
+def accepts_tqdm_class(hf_hub_download: Callable) -> bool:
+    """Whether this huggingface_hub's `hf_hub_download` takes a progress bar
+    class (recent versions; older ones draw their own)."""
+    return "tqdm_class" in inspect.signature(hf_hub_download).parameters
+
+
+def progress_bar_class() -> type:
+    """huggingface_hub's progress bar, made to draw in a terminal that reports
+    a size of 0 x 0 (a pseudo-terminal opened by `script`, a container or an
+    IDE): tqdm hides every bar there. Anywhere else it is huggingface_hub's own
+    bar, which is off when stderr is not a terminal."""
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    class DownloadBar(hub_tqdm):
+        def __init__(self, *args, **kwargs) -> None:
+            if terminal_without_size(sys.stderr):
+                kwargs.setdefault("ncols", 80)
+                kwargs.setdefault("nrows", 24)
+            super().__init__(*args, **kwargs)
+
+    return DownloadBar
+
+
+def terminal_without_size(stream) -> bool:
+    """True if `stream` is a terminal that reports 0 columns or 0 lines."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False  # not a terminal
+    return size.columns == 0 or size.lines == 0
 
 
 def cannot_download(repo_id: str, folder: Path, error: Exception) -> FileNotFoundError:

@@ -1,6 +1,7 @@
 """spec_decoding_generate.py end to end, run as a user runs it: a subprocess
 (`python spec_decoding_generate.py ...` from the repository root), its exit
-code, stdout and stderr.
+code, stdout and stderr; `cli.main([...])` in this process where a subprocess
+would only add the ~2 s torch import (bad values, short runs).
 
 The models are tiny random GPT-2s (2 layers, width 32, context 128) with the
 real 50257-token vocabulary, written as Hub-style folders (config.json,
@@ -16,38 +17,34 @@ gain from threads, and spinning threads slow them down badly on a busy machine.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import re
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
 import torch
 
 import spec_decoding_generate as cli
-from helpers import REPO_ROOT, write_checkpoint
+from cli.report import print_comparison
+from cli.stream import ACCEPTED_STYLE, TARGET_STYLE, TokenStream
 from gpt2 import GPT2, GPT2Config, load_tokenizer
+from gpt2.generate import first_difference
 from gpt2.loading import CONV1D_SUFFIXES
+from helpers import REPO_ROOT, perturbed_copy, tiny_gpt2, write_checkpoint
 from hub_server import HubServer, closed_endpoint
-from helpers import perturbed_copy, tiny_gpt2
 
 SCRIPT = REPO_ROOT / "spec_decoding_generate.py"
 CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=128)  # vocab_size 50257: the real tokenizer
+SHORT_WINDOW = 32  # the context window of a draft that sees less than the target
 DRAFT_NOISE = 0.005  # weight perturbation of the draft: alpha ~ 0.5-0.9 on these models
 MAX_GEN = "20"
-
-# huggingface_hub retries a refused connection 5 times with 1 + 2 + 4 + 8 + 8 s
-# of backoff. The "no network" test runs the script through this launcher,
-# which only skips those sleeps (the retries still happen) and then runs the
-# script unchanged as __main__.
-NO_BACKOFF_LAUNCHER = (
-    "import runpy, sys; sys.path.insert(0, 'tests'); "
-    "from hub_server import _NoSleepTime; from huggingface_hub.utils import _http; _http.time = _NoSleepTime(); "
-    "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-)
 
 
 # ---------------------------------------------------------------------------
@@ -65,17 +62,27 @@ def hub_layout(model: GPT2) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
-    """Model folders: "target", "draft" (the target, perturbed) and
+    """Model folders: "target", "draft" (the target, perturbed),
+    "short_window_draft" (the draft with a context window of 32 tokens) and
     "other_vocab" (a draft with 50300 tokens)."""
     root = tmp_path_factory.mktemp("cli_models")
     target = tiny_gpt2(CONFIG, seed=0)
     draft = perturbed_copy(target, scale=DRAFT_NOISE, seed=1)
+    short = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=SHORT_WINDOW)
+    short_state = hub_layout(draft)
+    short_state["wpe.weight"] = short_state["wpe.weight"][:SHORT_WINDOW].contiguous()  # (n_ctx, C)
     other = GPT2Config(n_layer=1, n_head=2, n_embd=32, n_ctx=128, vocab_size=50300)
     return {
         "target": write_checkpoint(root / "target", CONFIG, hub_layout(target), with_tokenizer=True),
         "draft": write_checkpoint(root / "draft", CONFIG, hub_layout(draft), with_tokenizer=True),
+        "short_window_draft": write_checkpoint(root / "short_window_draft", short, short_state, with_tokenizer=True),
         "other_vocab": write_checkpoint(root / "other_vocab", other, hub_layout(tiny_gpt2(other, seed=2))),
     }
+
+
+@pytest.fixture(autouse=True)
+def offline(no_hub) -> None:
+    """huggingface_hub in this process (`run_main`) points at a closed port too."""
 
 
 def cli_env(tmp_path: Path, endpoint: str | None = None) -> dict[str, str]:
@@ -94,16 +101,10 @@ def cli_env(tmp_path: Path, endpoint: str | None = None) -> dict[str, str]:
     return env
 
 
-def run_cli(
-    tmp_path: Path,
-    *args: str,
-    stdin: str = "",
-    endpoint: str | None = None,
-    launcher: tuple[str, ...] = (),
-) -> subprocess.CompletedProcess:
+def run_cli(tmp_path: Path, *args: str, stdin: str = "", endpoint: str | None = None) -> subprocess.CompletedProcess:
     """Runs the script from the repository root with downloads going to tmp_path/weights."""
     return subprocess.run(
-        [sys.executable, *launcher, str(SCRIPT), "--weights-dir", str(tmp_path / "weights"), *args],
+        [sys.executable, str(SCRIPT), "--weights-dir", str(tmp_path / "weights"), *args],
         cwd=REPO_ROOT,
         env=cli_env(tmp_path, endpoint),
         input=stdin,
@@ -114,8 +115,44 @@ def run_cli(
     )
 
 
-def local_models(folders: dict[str, Path]) -> list[str]:
-    return ["--draft", str(folders["draft"]), "--target", str(folders["target"]), "--max-gen", MAX_GEN]
+def run_main(capsys, *args: str) -> subprocess.CompletedProcess:
+    """`cli.main(args)` in this process (argparse's errors exit through
+    SystemExit), as a CompletedProcess of its exit code, stdout and stderr."""
+    try:
+        code = cli.main(list(args))
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)
+
+
+def run_in_pty(tmp_path: Path, args: list[str], *, endpoint: str | None = None, size: tuple[int, int] | None = None):
+    """Runs the script with stdout and stderr on a pseudo-terminal of `size`
+    (rows, columns; None leaves it 0 x 0, as `script` opens it for a program
+    that has no terminal itself). Returns (exit code, everything written)."""
+    leader, follower = pty.openpty()
+    if size is not None:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", size[0], size[1], 0, 0))
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--weights-dir", str(tmp_path / "weights"), *args],
+        cwd=REPO_ROOT, env=cli_env(tmp_path, endpoint), stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the script closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return process.wait(timeout=120), b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def local_models(folders: dict[str, Path], draft: str = "draft") -> list[str]:
+    return ["--draft", str(folders[draft]), "--target", str(folders["target"]), "--max-gen", MAX_GEN]
 
 
 def assert_ok(result: subprocess.CompletedProcess) -> None:
@@ -135,6 +172,13 @@ def assert_bad_input(result: subprocess.CompletedProcess, message: str) -> None:
 def without_timings(result: dict) -> dict:
     stats = {k: v for k, v in result["stats"].items() if not k.endswith("_seconds")}
     return {**result, "stats": stats, "timings": None}
+
+
+def prompt_of(n_tokens: int, folders) -> str:
+    """A prompt of exactly `n_tokens` tokens."""
+    text = " hello" * n_tokens
+    assert len(load_tokenizer(folders["target"]).encode(text)) == n_tokens
+    return text
 
 
 # ---------------------------------------------------------------------------
@@ -161,7 +205,8 @@ def test_default_flow_streams_the_text_then_the_stats(tmp_path, folders):
     assert_ok(result)
     out = result.stdout
     assert "\nHello world" in out, "the prompt is printed before the generated text"
-    for label in ("new tokens", "acceptance α", "tokens/target call", "forward calls", "speed"):
+    for label in ("new tokens", "acceptance α", "accepted per drafted", "tokens/target call", "forward calls",
+                  "speed"):
         assert label in out, label
     assert "20 in " in out and "stopped at --max-gen" in out
     assert "\x1b[" not in out, "no colour codes when stdout is a pipe"
@@ -169,11 +214,12 @@ def test_default_flow_streams_the_text_then_the_stats(tmp_path, folders):
     assert "target alone" not in out, "no baseline without --compare"
 
 
-def test_compare_reports_greedy_outputs_identical_and_the_speedup(tmp_path, folders):
+def test_compare_reports_greedy_outputs_identical_and_both_speedups(tmp_path, folders):
     result = run_cli(tmp_path, *local_models(folders), "--compare")
     assert_ok(result)
     assert "identical to the target alone, token for token (20 tokens)" in result.stdout
-    assert "target alone" in result.stdout and "speedup" in result.stdout
+    assert "target alone" in result.stdout and "step costs" in result.stdout
+    assert re.search(r"speedup\s+\d+\.\d\dx measured, \d+\.\d\dx predicted by α and the step costs", result.stdout)
 
 
 def test_json_is_one_object_with_every_field(tmp_path, folders):
@@ -191,16 +237,17 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
     assert out["settings"] == {
         "draft": str(folders["draft"]), "target": str(folders["target"]),
         "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
-        "gamma": 4, "max_gen": 20, "temperature": 0.0, "top_k": None, "top_p": None, "seed": 0,
+        "gamma": 4, "max_gen": 20, "temperature": 0.0, "greedy": True, "top_k": None, "top_p": None, "seed": 0,
         "device": "cpu", "dtype": "float32", "quantize": None, "eos_id": 50256,
     }
     stats = out["stats"]
     assert stats["new_tokens"] == 20 and stats["gamma"] == 4
     assert 0 < stats["alpha"] < 1, "the perturbed draft agrees with the target only partly"
     assert stats["accepted"] == sum(out["accepted_from_draft"])
+    assert stats["accepted"] + stats["target_tokens"] == 20
     assert stats["tokens_per_target_call"] == pytest.approx(20 / stats["target_calls"])
-    for key in ("target_calls", "draft_calls", "drafted", "accepted_hist", "position_acceptance",
-                "draft_seconds", "verify_seconds", "stopped_at_eos"):
+    for key in ("target_calls", "draft_calls", "drafted", "plain_steps", "accepted_per_drafted", "accepted_hist",
+                "position_acceptance", "draft_seconds", "verify_seconds", "stopped_at_eos"):
         assert key in stats, key
     timings = out["timings"]
     assert set(timings) == {"load_seconds", "generate_seconds", "tokens_per_second", "draft_seconds", "verify_seconds"}
@@ -210,6 +257,9 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
     assert comparison["first_difference"] is None
     assert comparison["baseline_token_ids"] == out["token_ids"]
     assert comparison["baseline_tokens_per_second"] > 0 and comparison["speedup"] > 0
+    assert comparison["predicted_speedup"] > 0 and isinstance(comparison["speedup_matches_prediction"], bool)
+    assert set(comparison["step_seconds"]) == {"draft", "target", "verify"}
+    assert all(seconds > 0 for seconds in comparison["step_seconds"].values())
 
 
 def test_int8_weights_reproduce_the_int8_target_alone(tmp_path, folders):
@@ -221,9 +271,6 @@ def test_int8_weights_reproduce_the_int8_target_alone(tmp_path, folders):
     assert out["settings"]["quantize"] == "int8"
     assert len(out["token_ids"]) == 20
     assert out["comparison"]["identical"] is True and out["comparison"]["baseline_token_ids"] == out["token_ids"]
-    text = run_cli(tmp_path, *local_models(folders), "--quantize", "int8")
-    assert_ok(text)
-    assert "cpu float32, int8 weights (the output is the int8 target's)" in text.stdout
 
 
 def test_sampling_with_a_seed_reproduces_with_the_prompt_from_stdin_too(tmp_path, folders):
@@ -237,35 +284,83 @@ def test_sampling_with_a_seed_reproduces_with_the_prompt_from_stdin_too(tmp_path
     assert_ok(second)
     a, b = json.loads(first.stdout), json.loads(second.stdout)
     assert b["prompt"] == "Once upon a time"
-    assert a["settings"]["temperature"] == 1.0 and a["settings"]["seed"] == 7
+    assert a["settings"]["temperature"] == 1.0 and a["settings"]["seed"] == 7 and a["settings"]["greedy"] is False
     assert len(a["token_ids"]) == 20
     assert without_timings(a) == without_timings(b)
 
 
 def test_colour_and_legend_on_a_terminal(tmp_path, folders):
     """stdout is a pseudo-terminal here, so the script colours its tokens."""
-    leader, follower = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--weights-dir", str(tmp_path / "weights"), *local_models(folders)],
-        cwd=REPO_ROOT, env=cli_env(tmp_path), stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
-    )
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the script closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(leader)
-    stderr = process.stderr.read().decode()
-    process.stderr.close()
-    assert process.wait(timeout=120) == 0, stderr
-    out = b"".join(chunks).decode("utf-8")
+    code, out = run_in_pty(tmp_path, local_models(folders), size=(24, 100))
+    assert code == 0, out
     assert "legend:" in out
-    assert cli.ACCEPTED_STYLE in out and cli.TARGET_STYLE in out, "both kinds of token appear in colour"
+    assert ACCEPTED_STYLE in out and TARGET_STYLE in out, "both kinds of token appear in colour"
+
+
+# ---------------------------------------------------------------------------
+# Context windows: only the target's limits the run
+# ---------------------------------------------------------------------------
+
+
+def test_a_prompt_past_the_draft_window_goes_on_with_plain_target_steps(capsys, folders, single_thread):
+    """A 40-token prompt with a draft whose window is 32: the target's window
+    (128) admits it, every step is a plain target step, the output is still
+    the target's own, and the run stopped at --max-gen, not at any window."""
+    args = local_models(folders, draft="short_window_draft")
+    result = run_main(capsys, *args, "--compare", "-p", prompt_of(40, folders))
+    assert_ok(result)
+    assert "stopped at --max-gen" in result.stdout and "context window (" not in result.stdout
+    assert re.search(r"plain steps\s+20 target calls drafted nothing \(the sequence outgrew the draft's context "
+                     r"window of 32 tokens\)", result.stdout), result.stdout
+    assert "identical to the target alone, token for token (20 tokens)" in result.stdout
+
+
+def test_plain_steps_once_the_sequence_outgrows_the_draft_window(capsys, folders, single_thread):
+    args = [*local_models(folders, draft="short_window_draft"), "--json", "--compare"]
+    out = json.loads(run_main(capsys, *args, "-p", prompt_of(20, folders)).stdout)
+    stats = out["stats"]
+    assert 0 < stats["plain_steps"] < stats["target_calls"], "drafts first, then plain steps past 32 tokens"
+    assert stats["accepted"] + stats["target_tokens"] == stats["new_tokens"] == 20
+    assert out["comparison"]["identical"] is True
+
+
+def test_the_stop_reason_names_the_targets_window(capsys, folders, single_thread):
+    """A 120-token prompt leaves room for 8 of the 20 tokens asked for."""
+    args = local_models(folders, draft="short_window_draft")
+    result = run_main(capsys, *args, "-p", prompt_of(120, folders))
+    assert_ok(result)
+    assert re.search(r"new tokens\s+8 in \d+ target calls, stopped at the target's context window \(128 tokens\)",
+                     result.stdout), result.stdout
+
+
+def test_prompt_longer_than_the_targets_context_window(capsys, folders, single_thread):
+    result = run_main(capsys, *local_models(folders), "-p", "hello " * 200)
+    assert_bad_input(result, "the context window is 128: shorten it to at most 127 tokens")
+
+
+# ---------------------------------------------------------------------------
+# Settings the library reads differently than one might expect
+# ---------------------------------------------------------------------------
+
+
+def test_a_tiny_temperature_is_greedy(capsys, folders, single_thread):
+    """1e-39 would overflow the softmax; below 1e-4 the library decodes greedily."""
+    result = run_main(capsys, *local_models(folders), "--temperature", "1e-39", "--compare")
+    assert_ok(result)
+    assert "\ngreedy (a temperature below 0.0001 is greedy), up to 20 new tokens" in result.stdout
+    assert "identical to the target alone, token for token (20 tokens)" in result.stdout
+
+
+def test_any_integer_is_a_seed(capsys, folders, single_thread):
+    """torch takes seeds modulo 2**64: -1 and 2**64 - 1 are the same seed, and
+    a seed past 2**64 works too."""
+    sampled = [*local_models(folders), "--json", "--temperature", "1.0"]
+    runs = {seed: run_main(capsys, *sampled, "--seed", str(seed)) for seed in (-1, 2**64 - 1, 2**70)}
+    for result in runs.values():
+        assert_ok(result)
+    tokens = {seed: json.loads(result.stdout)["token_ids"] for seed, result in runs.items()}
+    assert tokens[-1] == tokens[2**64 - 1]
+    assert len(tokens[2**70]) == 20
 
 
 # ---------------------------------------------------------------------------
@@ -294,7 +389,7 @@ def test_stream_holds_back_a_character_split_across_tokens(folders):
         "the test needs a token that is only part of a character"
     )
     sink = Sink()
-    stream = cli.TokenStream(enc, sink, color=False)
+    stream = TokenStream(enc, sink, color=False)
     for token in tokens:
         stream.on_step([token], 0)
     stream.finish()
@@ -304,7 +399,9 @@ def test_stream_holds_back_a_character_split_across_tokens(folders):
 
 
 @pytest.mark.parametrize("output", ["text", "json"])
-def test_ctrl_c_prints_the_text_and_stats_so_far_with_exit_code_130(tmp_path, folders, capsys, monkeypatch, output):
+def test_ctrl_c_prints_the_text_and_stats_so_far_with_exit_code_130(
+    tmp_path, folders, capsys, monkeypatch, single_thread, output
+):
     """Ctrl-C lands in the target's forward pass of the third step: what the
     first two steps committed is printed, with the stats of those two steps."""
     import spec_decoding
@@ -344,22 +441,38 @@ def test_ctrl_c_prints_the_text_and_stats_so_far_with_exit_code_130(tmp_path, fo
 
 
 def test_first_difference():
-    assert cli.first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert cli.first_difference([1, 2, 3], [1, 5, 3]) == 1
-    assert cli.first_difference([1, 2], [1, 2, 3]) == 2, "one output is a prefix of the other"
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2, "one output is a prefix of the other"
+
+
+def comparison_of(spec: list[int], alone: list[int], *, speedup: float, predicted: float, agree: bool) -> dict:
+    return {
+        "baseline_token_ids": alone, "baseline_tokens_per_second": 10.0, "baseline_seconds": 0.3,
+        "speedup": speedup, "predicted_speedup": predicted, "speedup_matches_prediction": agree,
+        "step_seconds": {"draft": 0.002, "target": 0.01, "verify": 0.012},
+        "greedy": True, "first_difference": first_difference(spec, alone),
+    }
 
 
 def test_compare_report_names_the_first_differing_token(folders, capsys):
     enc = load_tokenizer(folders["target"])
     spec, alone = enc.encode(" the cat sat"), enc.encode(" the dog sat")
-    comparison = {
-        "baseline_token_ids": alone, "baseline_tokens_per_second": 10.0, "baseline_seconds": 0.3,
-        "speedup": 2.0, "greedy": True, "first_difference": cli.first_difference(spec, alone),
-    }
-    cli.print_comparison(comparison, spec, enc)
+    print_comparison(comparison_of(spec, alone, speedup=2.0, predicted=1.9, agree=True), spec, enc)
     out = capsys.readouterr().out
     assert "DIFFERENT from the target alone from new token 1: speculative ' cat' vs target alone ' dog'" in out
-    assert "2.00x" in out
+    assert "2.00x measured, 1.90x predicted" in out and "disagree" not in out
+    assert "draft 2.00 ms, target 10.00 ms, verification 12.00 ms" in out
+
+
+def test_compare_report_says_plainly_when_the_speedups_disagree(folders, capsys):
+    """α = 0 allows no speedup; a measured 2.98x means the load changed."""
+    enc = load_tokenizer(folders["target"])
+    tokens = enc.encode(" the cat sat")
+    print_comparison(comparison_of(tokens, tokens, speedup=2.98, predicted=0.71, agree=False), tokens, enc)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2.98x measured, 0.71x predicted" in out
+    assert "they disagree by more than 30%, so the machine's load changed between the two runs" in out
 
 
 # ---------------------------------------------------------------------------
@@ -368,49 +481,63 @@ def test_compare_report_names_the_first_differing_token(folders, capsys):
 
 
 @pytest.mark.parametrize(
-    "args, stdin, message",
+    "args, message",
     [
-        (["--gamma", "0"], "", "--gamma must be >= 1"),
-        (["--gamma", "abc"], "", "argument --gamma: invalid int value: 'abc'"),
-        (["--max-gen", "0"], "", "--max-gen must be >= 1"),
-        (["--temperature", "-0.5"], "", "--temperature must be >= 0"),
-        (["--top-p", "0"], "", "--top-p must be in (0, 1]"),
-        (["--top-p", "1.5"], "", "--top-p must be in (0, 1]"),
-        (["--top-k", "0"], "", "--top-k must be >= 1"),
-        (["--prompt", ""], "", "the prompt is empty"),
-        (["-p", "-"], "", "the prompt read from stdin is empty"),
-        (["-p", "-"], "\n", "the prompt read from stdin is empty"),
+        (["--gamma", "0"], "--gamma must be an integer >= 1, got 0"),
+        (["--gamma", "abc"], "argument --gamma: invalid int value: 'abc'"),
+        (["--gamma", "True"], "argument --gamma: invalid int value: 'True'"),
+        (["--gamma", "2.5"], "argument --gamma: invalid int value: '2.5'"),
+        (["--max-gen", "0"], "--max-gen must be an integer >= 1, got 0"),
+        (["--temperature", "-0.5"], "--temperature must be a number >= 0 (0 = greedy), got -0.5"),
+        (["--temperature", "nan"], "--temperature must be a number >= 0 (0 = greedy), got nan"),
+        (["--temperature", "inf"], "--temperature must be a number >= 0 (0 = greedy), got inf"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--top-p", "nan"], "--top-p must be in (0, 1]"),
+        (["--top-k", "0"], "--top-k must be an integer >= 1"),
+        (["--top-k", "True"], "argument --top-k: invalid int value: 'True'"),
+        (["--seed", "1.5"], "argument --seed: invalid int value: '1.5'"),
+        (["--prompt", ""], "the prompt is empty"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
     ],
-    ids=["gamma-0", "gamma-abc", "max-gen-0", "negative-temperature", "top-p-0", "top-p-1.5", "top-k-0",
-         "empty-prompt", "empty-stdin", "blank-stdin"],
+    ids=["gamma-0", "gamma-abc", "gamma-bool", "gamma-float", "max-gen-0", "negative-temperature", "nan-temperature",
+         "inf-temperature", "top-p-0", "top-p-1.5", "top-p-nan", "top-k-0", "top-k-bool", "seed-float", "empty-prompt",
+         "unknown-device"],
 )
-def test_bad_settings(tmp_path, args, stdin, message):
-    assert_bad_input(run_cli(tmp_path, *args, stdin=stdin), message)
+def test_bad_settings(capsys, args, message):
+    assert_bad_input(run_main(capsys, *args), message)
 
 
-def test_prompt_longer_than_the_context_window(tmp_path, folders):
-    result = run_cli(tmp_path, *local_models(folders), "-p", "hello " * 200)
-    assert_bad_input(result, "the context window is 128: shorten it to at most 127 tokens")
+@pytest.mark.parametrize("stdin", ["", "\n"], ids=["empty", "blank"])
+def test_an_empty_prompt_from_stdin(capsys, monkeypatch, stdin):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    assert_bad_input(run_main(capsys, "-p", "-"), "the prompt read from stdin is empty")
 
 
-def test_draft_and_target_with_different_vocabularies(tmp_path, folders):
-    result = run_cli(tmp_path, "--draft", str(folders["other_vocab"]), "--target", str(folders["target"]))
+def test_a_bad_value_in_a_real_process_is_one_line_and_exit_code_2(tmp_path):
+    assert_bad_input(run_cli(tmp_path, "--top-k", "-3"), "--top-k must be an integer >= 1")
+
+
+def test_draft_and_target_with_different_vocabularies(capsys, folders, single_thread):
+    result = run_main(capsys, "--draft", str(folders["other_vocab"]), "--target", str(folders["target"]))
     assert_bad_input(result, "draft and target have different vocabularies (50300 vs 50257 tokens)")
 
 
-def test_corrupt_weights_file(tmp_path, folders):
+def test_corrupt_weights_file(tmp_path, capsys, folders, single_thread):
     broken = tmp_path / "broken"
     broken.mkdir()
     for name in ("config.json", "vocab.json", "merges.txt"):
         (broken / name).write_bytes((folders["draft"] / name).read_bytes())
     truncated = (folders["draft"] / "model.safetensors").read_bytes()[:5000]
     (broken / "model.safetensors").write_bytes(truncated)
-    result = run_cli(tmp_path, "--draft", str(broken), "--target", str(folders["target"]))
+    result = run_main(capsys, "--draft", str(broken), "--target", str(folders["target"]))
     assert_bad_input(result, "model.safetensors is corrupt or truncated")
 
 
-def test_unavailable_device(tmp_path, folders):
-    assert_bad_input(run_cli(tmp_path, *local_models(folders), "--device", "cuda:99"), "device 'cuda:99'")
+def test_unavailable_device(capsys, folders):
+    assert_bad_input(run_main(capsys, *local_models(folders), "--device", "cuda:99"), "device 'cuda:99'")
 
 
 @pytest.mark.parametrize(
@@ -421,12 +548,12 @@ def test_unavailable_device(tmp_path, folders):
     ],
     ids=["unknown", "bfloat16"],
 )
-def test_bad_quantisation(tmp_path, folders, args, message):
-    assert_bad_input(run_cli(tmp_path, *local_models(folders), *args), message)
+def test_bad_quantisation(capsys, folders, args, message):
+    assert_bad_input(run_main(capsys, *local_models(folders), *args), message)
 
 
-def test_unsupported_dtype(tmp_path, folders):
-    result = run_cli(tmp_path, *local_models(folders), "--dtype", "float64")
+def test_unsupported_dtype(capsys, folders):
+    result = run_main(capsys, *local_models(folders), "--dtype", "float64")
     assert_bad_input(result, "unsupported dtype 'float64': choose float32, float16 or bfloat16")
 
 
@@ -442,9 +569,13 @@ def hub_files(folder: Path) -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in HUB_FILES}
 
 
+def default_hub(folders) -> HubServer:
+    """The default --draft gpt2 --target gpt2-large, served by a local Hub."""
+    return HubServer({"gpt2": hub_files(folders["draft"]), "gpt2-large": hub_files(folders["target"])}).start()
+
+
 def test_hub_first_run_downloads_later_runs_need_no_network(tmp_path, folders):
-    """The default --draft gpt2 --target gpt2-large, served by the local Hub."""
-    server = HubServer({"gpt2": hub_files(folders["draft"]), "gpt2-large": hub_files(folders["target"])}).start()
+    server = default_hub(folders)
     try:
         first = run_cli(tmp_path, "--max-gen", MAX_GEN, "--json", endpoint=server.url)
     finally:
@@ -454,11 +585,28 @@ def test_hub_first_run_downloads_later_runs_need_no_network(tmp_path, folders):
     for repo, role in (("gpt2", "draft"), ("gpt2-large", "target")):
         downloaded = tmp_path / "weights" / repo
         assert hub_files(downloaded) == hub_files(folders[role]), f"{repo} lands in weights/{repo}"
+    assert f"downloading gpt2-large from {server.url} into {tmp_path / 'weights' / 'gpt2-large'}" in first.stderr
     assert json.loads(first.stdout)["stats"]["new_tokens"] == 20
 
     second = run_cli(tmp_path, "--max-gen", MAX_GEN, "--json")  # the server is gone: a closed port
     assert_ok(second)
     assert json.loads(second.stdout)["token_ids"] == json.loads(first.stdout)["token_ids"]
+    assert "downloading" not in second.stderr
+
+
+@pytest.mark.parametrize("size", [(24, 100), None], ids=["24x100", "0x0"])
+def test_the_first_run_draws_download_progress_bars_on_a_terminal(tmp_path, folders, size):
+    """As a user sees it: stdout and stderr on a pseudo-terminal. A terminal
+    that reports no size (0 x 0, as `script` opens one) hides tqdm's bars
+    unless the loader gives them a size."""
+    server = default_hub(folders)
+    try:
+        code, out = run_in_pty(tmp_path, ["--max-gen", "1"], endpoint=server.url, size=size)
+    finally:
+        server.stop()
+    assert code == 0, out
+    bars = re.findall(r"model\.safetensors: 100%\|[^|]*\| 6\.\d\dM/6\.\d\dM", out)
+    assert len(bars) == 2, f"one finished bar per model.safetensors:\n{out}"
 
 
 def test_hub_unknown_repo_id(tmp_path, folders):
@@ -470,7 +618,12 @@ def test_hub_unknown_repo_id(tmp_path, folders):
     assert_bad_input(result, "no model 'nobody/no-such-model' on the Hugging Face Hub")
 
 
-def test_no_network_and_no_local_copy(tmp_path):
-    result = run_cli(tmp_path, "--max-gen", MAX_GEN, launcher=("-c", NO_BACKOFF_LAUNCHER))
-    assert_bad_input(result, "cannot download 'gpt2'")
-    assert "no local copy" in result.stderr
+def test_no_network_and_no_local_copy_fails_at_once_in_one_line(tmp_path):
+    """Against a closed port huggingface_hub alone would retry five times for
+    23 s, logging each retry; the loader asks once and gives up."""
+    result = run_cli(tmp_path, "--max-gen", MAX_GEN)
+    assert_bad_input(result, "cannot download 'gpt2' (no network?")
+    assert "and there is no local copy in" in result.stderr
+    assert "connect to the internet once, or put config.json and model.safetensors" in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "Retrying" not in result.stderr

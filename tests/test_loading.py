@@ -132,7 +132,9 @@ def test_a_repo_without_tokenizer_files_downloads_and_is_reused_offline(hub, tmp
     weights = tmp_path / "weights"
     assert_holds(load_model(REPO_ID, weights_dir=weights), state)
 
-    assert sorted(server.files_requested("HEAD")) == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
+    # config.json twice: the loader's own first request (is the Hub there?), then the download's
+    heads = ["config.json", "config.json", "merges.txt", "model.safetensors", "vocab.json"]
+    assert sorted(server.files_requested("HEAD")) == heads
 
     seen = len(server.requests)
     assert_holds(load_model(REPO_ID, weights_dir=weights), state)
@@ -141,7 +143,10 @@ def test_a_repo_without_tokenizer_files_downloads_and_is_reused_offline(hub, tmp
     assert_holds(load_model(REPO_ID, weights_dir=weights), state)
 
 
-def test_no_network_and_no_local_copy_says_what_to_do(no_hub, tmp_path):
+def test_no_network_and_no_local_copy_says_what_to_do_without_retrying(no_hub, tmp_path, caplog):
+    """huggingface_hub retries a request for a file it has no copy of five
+    times, with a warning each (`no_hub` skips only its sleeps); the loader
+    asks once, with no retries, and gives up."""
     weights = tmp_path / "weights"
     with pytest.raises(FileNotFoundError) as info:
         load_model(REPO_ID, weights_dir=weights)
@@ -149,6 +154,17 @@ def test_no_network_and_no_local_copy_says_what_to_do(no_hub, tmp_path):
     assert f"'{REPO_ID}'" in message
     assert str(weights / "someorg--tiny-gpt2") in message
     assert "connect to the internet" in message and "put config.json and model.safetensors" in message
+    assert "Retrying" not in caplog.text and "thrown while requesting" not in caplog.text
+    assert not (weights / "someorg--tiny-gpt2").exists(), "no empty folder left behind"
+
+
+def test_a_download_says_what_it_fetches_and_where(hub, tmp_path, folder, capsys):
+    server = hub({REPO_ID: served_files(folder)})
+    load_model(REPO_ID, weights_dir=tmp_path / "weights")
+    local = tmp_path / "weights" / "someorg--tiny-gpt2"
+    assert f"downloading {REPO_ID} from {server.url} into {local}" in capsys.readouterr().err
+    load_model(REPO_ID, weights_dir=tmp_path / "weights")
+    assert capsys.readouterr().err == "", "nothing to say when the files are there"
 
 
 def test_unknown_repo_raises_value_error_naming_it(hub, tmp_path, folder):

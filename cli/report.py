@@ -1,0 +1,161 @@
+"""What spec_decoding_generate.py prints around the streamed text: the header,
+the stats block of the run, and the comparison with the target alone.
+
+Names follow Leviathan et al. 2023: α is the acceptance rate (accepted /
+judged drafts, `SpecStats.alpha`), γ the draft length, E(α, γ) the expected
+tokens per target call (eq. 1), and the speedup that α and the measured step
+costs predict is Theorem 3.8 with the verification at its measured cost
+(`spec_decoding.stats.predicted_speedup`).
+"""
+
+from __future__ import annotations
+
+from gpt2.sampling import GREEDY_BELOW_TEMPERATURE, SamplingConfig
+from spec_decoding import SpecStats, expected_tokens_per_step
+
+from .stream import ACCEPTED_STYLE, RESET, TARGET_STYLE
+
+LABEL_WIDTH = 20
+# The measured and the predicted speedup "disagree" when one exceeds the other
+# by more than this fraction: more than the noise of two quiet runs.
+SPEEDUP_TOLERANCE = 0.3
+
+
+def print_rows(rows: list[tuple[str, str]]) -> None:
+    for label, value in rows:
+        print(f"{label:<{LABEL_WIDTH}} {value}")
+
+
+def describe_decoding(sampling: SamplingConfig, seed: int) -> str:
+    """ "greedy", or the sampling settings and seed."""
+    if sampling.greedy:
+        if sampling.temperature > 0:
+            return f"greedy (a temperature below {GREEDY_BELOW_TEMPERATURE:g} is greedy)"
+        return "greedy"
+    text = f"sampling at temperature {sampling.temperature:g}"
+    text += f", top-k {sampling.top_k}" if sampling.top_k is not None else ""
+    text += f", top-p {sampling.top_p:g}" if sampling.top_p is not None else ""
+    return text + f", seed {seed}"
+
+
+def print_header(
+    *, draft: str, target: str, gamma: int, max_gen: int, decoding: str, device, dtype, quantize: str | None,
+    color: bool,
+) -> None:
+    print(f"draft {draft} proposes {gamma} tokens per step, target {target} verifies them")
+    weights = f", {quantize} weights (the output is the {quantize} target's)" if quantize else ""
+    print(f"{decoding}, up to {max_gen} new tokens, {device} {str(dtype).removeprefix('torch.')}{weights}")
+    if color:
+        print(
+            f"legend: {ACCEPTED_STYLE}drafted and accepted{RESET}  "
+            f"{TARGET_STYLE}chosen by the target (correction or bonus token){RESET}"
+        )
+    print()
+
+
+def stop_reason(stats: SpecStats, *, interrupted: bool, max_gen: int, length: int, target_n_ctx: int) -> str:
+    """Why the run ended. Only the target's context window can end it: past
+    the draft's window the target goes on with plain steps."""
+    if interrupted:
+        return "interrupted (Ctrl-C)"
+    if stats.stopped_at_eos:
+        return "stopped at <|endoftext|>"
+    if stats.new_tokens >= max_gen:
+        return "stopped at --max-gen"
+    assert length >= target_n_ctx, (length, target_n_ctx)
+    return f"stopped at the target's context window ({target_n_ctx} tokens)"
+
+
+def print_stats(stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int, timings: dict) -> None:
+    """The stats block: tokens, α, tokens per target call, plain steps,
+    forward calls, speed. `length`: prompt + new tokens."""
+    judged = sum(stats.reached_at)
+    gamma = stats.gamma
+    rows = [
+        ("new tokens", f"{stats.new_tokens} in {stats.target_calls} target calls, {stop}"),
+        ("acceptance α", f"{stats.alpha:.3f} ({stats.accepted} of the {judged} drafted tokens the target judged)"),
+        (
+            "accepted per drafted",
+            f"{stats.accepted_per_drafted:.3f} ({stats.accepted} of {stats.drafted}: drafts after a rejection are "
+            "never judged)",
+        ),
+        (
+            "tokens/target call",
+            f"{stats.tokens_per_target_call:.2f} (at most {gamma + 1}; "
+            f"{expected_tokens_per_step(stats.alpha, gamma):.2f} expected at this α, Leviathan et al. eq. 1)",
+        ),
+    ]
+    if stats.plain_steps:
+        why = (
+            f"the sequence outgrew the draft's context window of {draft_n_ctx} tokens"
+            if length > draft_n_ctx
+            else "no room to draft before the end"
+        )
+        rows.append(("plain steps", f"{stats.plain_steps} target calls drafted nothing ({why})"))
+    rows += [
+        ("forward calls", f"target {stats.target_calls}, draft {stats.draft_calls} (after the prompt's prefill)"),
+        (
+            "speed",
+            f"{timings['tokens_per_second']:.1f} tokens/s ({timings['generate_seconds']:.2f} s: "
+            f"drafting {stats.draft_seconds:.2f} s, verifying {stats.verify_seconds:.2f} s)",
+        ),
+    ]
+    print()
+    print_rows(rows)
+
+
+def print_comparison(comparison: dict | None, spec_tokens: list[int], tokenizer) -> None:
+    """The target alone: its speed, the measured and predicted speedups, and
+    (greedy) whether both outputs are identical."""
+    if comparison is None:
+        print_rows([("target alone", "not run: interrupted (Ctrl-C)")])
+        return
+    i = comparison["first_difference"]
+    baseline = comparison["baseline_token_ids"]
+    if not comparison["greedy"]:
+        verdict = "sampled: both follow the target's distribution, so they need not match token for token"
+    elif i is None:
+        verdict = f"identical to the target alone, token for token ({len(spec_tokens)} tokens)"
+    else:
+
+        def show(tokens: list[int]) -> str:
+            return repr(tokenizer.decode(tokens[i : i + 1])) if i < len(tokens) else "(end)"
+
+        verdict = (
+            f"DIFFERENT from the target alone from new token {i}: speculative {show(spec_tokens)} vs "
+            f"target alone {show(baseline)} (in float16/bfloat16 a near-tie can flip an argmax)"
+        )
+    step = comparison["step_seconds"]
+    print_rows([
+        (
+            "target alone",
+            f"{comparison['baseline_tokens_per_second']:.1f} tokens/s "
+            f"({len(baseline)} tokens in {comparison['baseline_seconds']:.2f} s)",
+        ),
+        (
+            "step costs",
+            f"draft {1e3 * step['draft']:.2f} ms, target {1e3 * step['target']:.2f} ms, verification "
+            f"{1e3 * step['verify']:.2f} ms (this run; the target alone took "
+            f"{1e3 * comparison['baseline_seconds'] / max(1, len(baseline)):.2f} ms per token)",
+        ),
+        ("speedup", describe_speedup(comparison)),
+        ("outputs", verdict),
+    ])
+
+
+def speedups_agree(measured: float, predicted: float) -> bool:
+    """Whether two speedups lie within SPEEDUP_TOLERANCE of each other."""
+    return max(measured, predicted) <= (1.0 + SPEEDUP_TOLERANCE) * min(measured, predicted)
+
+
+def describe_speedup(comparison: dict) -> str:
+    """The measured speedup next to the one α and the step costs predict, and
+    a plain warning when they disagree."""
+    measured, predicted = comparison["speedup"], comparison["predicted_speedup"]
+    text = f"{measured:.2f}x measured, {predicted:.2f}x predicted by α and the step costs (Leviathan et al. Thm 3.8)"
+    if not comparison["speedup_matches_prediction"]:
+        text += (
+            f": they disagree by more than {SPEEDUP_TOLERANCE:.0%}, so the machine's load changed between the two runs; "
+            "run again on a quiet machine before trusting either"
+        )
+    return text

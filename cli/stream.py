@@ -1,0 +1,61 @@
+"""Streaming the committed tokens of a speculative decoding run as text, in
+colour on a terminal: green for drafted tokens the target accepted, yellow for
+tokens the target chose itself (a correction or a bonus token)."""
+
+from __future__ import annotations
+
+import codecs
+import os
+
+# ANSI colours, used only on a terminal.
+ACCEPTED_STYLE = "\033[32m"  # green: drafted by the small model, accepted by the target
+TARGET_STYLE = "\033[33m"  # yellow: chosen by the target (correction or bonus token)
+DIM, RESET = "\033[2m", "\033[0m"
+
+
+def wants_color(stream, *, no_color: bool, json_output: bool) -> bool:
+    """Colour only on a terminal, never in JSON, with --no-color or NO_COLOR set (no-color.org)."""
+    return stream.isatty() and not (no_color or json_output or os.environ.get("NO_COLOR"))
+
+
+class TokenStream:
+    """Writes tokens as text as `speculative_generate` commits them.
+
+    A GPT-2 token is a byte string, and one UTF-8 character (an emoji, a CJK
+    character) is often split over two or three tokens. The bytes go through
+    an incremental UTF-8 decoder, which holds an incomplete character back
+    until the token that completes it arrives (that token's colour is the
+    character's), so the streamed text equals the decoded whole.
+
+    `tokens` and `accepted` keep everything committed, for an interrupted run;
+    with `out` None nothing is written (--json).
+    """
+
+    def __init__(self, tokenizer, out, color: bool) -> None:
+        self.tokenizer = tokenizer
+        self.out = out
+        self.color = color
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.tokens: list[int] = []
+        self.accepted: list[bool] = []  # per token: drafted and accepted (True), or the target's own
+
+    def on_step(self, tokens: list[int], num_accepted: int) -> None:
+        """The loop's callback: the first `num_accepted` tokens were drafted and accepted."""
+        for i, token in enumerate(tokens):
+            self.tokens.append(token)
+            self.accepted.append(i < num_accepted)
+            if self.out is not None:
+                text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token))
+                self.write(text, ACCEPTED_STYLE if i < num_accepted else TARGET_STYLE)
+        if self.out is not None:
+            self.out.flush()
+
+    def finish(self) -> None:
+        """Flushes bytes left undecoded (an incomplete character becomes U+FFFD)."""
+        if self.out is not None:
+            self.write(self.decoder.decode(b"", final=True), TARGET_STYLE)
+            self.out.flush()
+
+    def write(self, text: str, style: str) -> None:
+        if text:
+            self.out.write(f"{style}{text}{RESET}" if self.color else text)
