@@ -278,6 +278,8 @@ def run(args: argparse.Namespace, sampling, prompt: str) -> int:
     warm_up(draft, input_ids)
     warm_up(target, input_ids)
     load_seconds = clock(device) - t_load
+    # --compare: plain target steps timed right before (and after) the speculative run
+    target_steps = target_step_seconds(target, input_ids) if args.compare else []
 
     out = None if args.json else sys.stdout
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
@@ -322,8 +324,9 @@ def run(args: argparse.Namespace, sampling, prompt: str) -> int:
     comparison = None
     if args.compare and not interrupted:
         try:
+            target_steps += target_step_seconds(target, input_ids)
             comparison = compare_with_target_alone(
-                args, sampling, target, input_ids, tokenizer, stats, stream.tokens, timings
+                args, sampling, target, input_ids, tokenizer, stats, stream.tokens, timings, target_steps
             )
         except KeyboardInterrupt:
             interrupted = True
@@ -375,7 +378,8 @@ def seeded_generator(seed: int, device):
 
 
 def compare_with_target_alone(
-    args, sampling, target, input_ids, tokenizer, stats, spec_tokens: list[int], timings: dict
+    args, sampling, target, input_ids, tokenizer, stats, spec_tokens: list[int], timings: dict,
+    target_steps: list[float],
 ) -> dict:
     """Plain decoding with the target (`gpt2.generate`), same prompt, settings
     and seed: its speed, the measured speedup, and whether its tokens equal
@@ -384,10 +388,13 @@ def compare_with_target_alone(
     The two runs are timed one after the other, so a change of the machine's
     load between them skews the measured speedup. The prediction
     (`predicted_speedup`, Leviathan et al. Theorem 3.8 with the measured
-    verification cost) takes its target step cost t_t from a few plain
-    target steps timed right after the speculative run, not from the
-    baseline: when the load changed, prediction and measurement disagree.
+    verification cost) takes its target step cost t_t from `target_steps`,
+    plain target steps timed right before and after the speculative run, not
+    from the baseline: when the load changed, prediction and measurement
+    disagree.
     """
+    import statistics
+
     from cli.report import speedups_agree
     from gpt2 import END_OF_TEXT_ID, generate
     from gpt2.generate import first_difference
@@ -396,7 +403,7 @@ def compare_with_target_alone(
 
     step_seconds = {
         "draft": stats.draft_seconds / stats.draft_calls if stats.draft_calls else 0.0,  # t_d
-        "target": time_target_step(target, input_ids, spec_tokens),  # t_t, in the speculative run's time
+        "target": statistics.median(target_steps),  # t_t, around the speculative run
         "verify": stats.verify_seconds / stats.target_calls,  # t_v(γ + 1)
     }
     predicted = predicted_speedup(
@@ -431,29 +438,29 @@ def compare_with_target_alone(
     }
 
 
-def time_target_step(target, input_ids, tokens: list[int], steps: int = 5) -> float:
-    """The median seconds of one plain decoding step of the target (one new
-    token over its KV cache), over `steps` steps after the prompt that feed
-    `tokens` (the generated ones, any ids would do)."""
-    import statistics
-
+def target_step_seconds(target, input_ids, steps: int = 5) -> list[float]:
+    """The seconds of each of `steps` plain decoding steps of the target (one
+    new token over its KV cache, after the prompt's prefill): its step cost
+    t_t, at the load of the moment."""
     import torch
 
     from spec_decoding.loop import clock
 
     device = input_ids.device
-    T = input_ids.size(1)
-    feed = (tokens or [0])[: max(1, min(steps, target.config.n_ctx - T))]
+    n_ctx = target.config.n_ctx
+    prefix = input_ids[:, : max(1, n_ctx - steps - 1)]  # (1, P): room for one untimed step and the timed ones
+    steps = min(steps, n_ctx - prefix.size(1) - 1)
+    token_ids = prefix[:, -1:]  # (1, 1): any token costs the same
     seconds = []
     with torch.inference_mode():
         cache = target.new_cache(1)
-        target(input_ids, cache, last_logits_only=True)  # the prompt's prefill, not timed
-        for token in feed:
-            token_ids = torch.tensor([[token]], device=device)  # (1, 1)
+        target(prefix, cache, last_logits_only=True)  # the prefill, not timed
+        target(token_ids, cache, last_logits_only=True)  # nor the first step: a fresh cache's first writes
+        for _ in range(steps):
             t0 = clock(device)
             target(token_ids, cache, last_logits_only=True)
             seconds.append(clock(device) - t0)
-    return statistics.median(seconds)
+    return seconds
 
 
 # ---------------------------------------------------------------------------

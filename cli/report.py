@@ -21,6 +21,11 @@ LABEL_WIDTH = 20
 SPEEDUP_TOLERANCE = 0.3
 
 
+def count(n: int, noun: str) -> str:
+    """ "1 target call", "2 target calls"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def print_rows(rows: list[tuple[str, str]]) -> None:
     for label, value in rows:
         print(f"{label:<{LABEL_WIDTH}} {value}")
@@ -72,7 +77,7 @@ def print_stats(stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int, t
     judged = sum(stats.reached_at)
     gamma = stats.gamma
     rows = [
-        ("new tokens", f"{stats.new_tokens} in {stats.target_calls} target calls, {stop}"),
+        ("new tokens", f"{stats.new_tokens} in {count(stats.target_calls, 'target call')}, {stop}"),
         ("acceptance α", f"{stats.alpha:.3f} ({stats.accepted} of the {judged} drafted tokens the target judged)"),
         (
             "accepted per drafted",
@@ -91,7 +96,7 @@ def print_stats(stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int, t
             if length > draft_n_ctx
             else "no room to draft before the end"
         )
-        rows.append(("plain steps", f"{stats.plain_steps} target calls drafted nothing ({why})"))
+        rows.append(("plain steps", f"{count(stats.plain_steps, 'target call')} drafted nothing ({why})"))
     rows += [
         ("forward calls", f"target {stats.target_calls}, draft {stats.draft_calls} (after the prompt's prefill)"),
         (
@@ -155,7 +160,7 @@ def describe_speedup(comparison: dict) -> str:
     text = f"{measured:.2f}x measured, {predicted:.2f}x predicted by α and the step costs (Leviathan et al. Thm 3.8)"
     if not comparison["speedup_matches_prediction"]:
         text += (
-            f": they disagree by more than {SPEEDUP_TOLERANCE:.0%}, so the machine's load changed between the two runs; "
-            "run again on a quiet machine before trusting either"
+            f": they disagree by more than {SPEEDUP_TOLERANCE:.0%}, so the machine's load changed between the two "
+            "runs (or during them): run again on a quiet machine before trusting the measured speedup"
         )
     return text

@@ -324,13 +324,16 @@ def test_plain_steps_once_the_sequence_outgrows_the_draft_window(capsys, folders
     assert out["comparison"]["identical"] is True
 
 
-def test_the_stop_reason_names_the_targets_window(capsys, folders, single_thread):
-    """A 120-token prompt leaves room for 8 of the 20 tokens asked for."""
+@pytest.mark.parametrize("prompt_tokens", [120, 127])
+def test_the_stop_reason_names_the_targets_window(capsys, folders, single_thread, prompt_tokens):
+    """A prompt of 120 (127) tokens leaves room for 8 (1) of the 20 tokens asked for."""
     args = local_models(folders, draft="short_window_draft")
-    result = run_main(capsys, *args, "-p", prompt_of(120, folders))
+    result = run_main(capsys, *args, "--compare", "-p", prompt_of(prompt_tokens, folders))
     assert_ok(result)
-    assert re.search(r"new tokens\s+8 in \d+ target calls, stopped at the target's context window \(128 tokens\)",
-                     result.stdout), result.stdout
+    n_new = 128 - prompt_tokens
+    stop = rf"new tokens\s+{n_new} in \d+ target calls?, stopped at the target's context window \(128 tokens\)"
+    assert re.search(stop, result.stdout), result.stdout
+    assert f"identical to the target alone, token for token ({n_new} tokens)" in result.stdout
 
 
 def test_prompt_longer_than_the_targets_context_window(capsys, folders, single_thread):
