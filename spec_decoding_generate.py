@@ -13,8 +13,8 @@ the measured speedup, the one α and the step costs predict, and (greedy)
 whether both outputs are identical.
 
 stdout carries the text and the stats (or, with --json, exactly one JSON
-object); downloads, progress bars and notes go to stderr. Every value is
-checked by the library (`SamplingConfig`, `check_integer`, ...). Exit codes:
+object); downloads, progress bars and notes go to stderr. The options and
+the check of their values, by the library, are in cli/arguments.py. Exit codes:
 0 done, 2 bad input (one line "error: ..."), 130 Ctrl-C (what was generated
 so far and its stats are still printed), 1 an unexpected failure (--debug).
 """
@@ -27,151 +27,18 @@ import os
 import sys
 import time
 
+from cli.arguments import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNEXPECTED,
+    build_parser,
+    check_settings,
+    read_prompt,
+)
+
 # torch and the model code are imported inside the functions that use them:
 # --help and argparse's own errors then answer at once, without the torch import.
-
-DEFAULT_PROMPT = (
-    "In a shocking finding, scientist discovered a herd of unicorns living in a remote, "
-    "previously unexplored valley, in the Andes Mountains."
-)  # the prompt of OpenAI's GPT-2 announcement
-
-EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-# The library names a sampling setting by its argument; the user knows it by its flag.
-SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
-
-
-# ---------------------------------------------------------------------------
-# Arguments
-# ---------------------------------------------------------------------------
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse, but its errors (unknown flag, `--gamma abc`) are one line
-    "error: ..." on stderr with exit code 2, like every other bad input."""
-
-    def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"error: {message} (see --help)\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrorParser(
-        prog="spec_decoding_generate.py",
-        description="Speculative decoding with GPT-2: a small draft model proposes --gamma tokens, "
-        "the large target model checks them all in one forward pass and keeps the ones it agrees with. "
-        "Greedy output is exactly the target's own; sampled output has exactly its distribution.",
-        epilog="Generation stops after --max-gen tokens, at the target's context window, or after <|endoftext|> "
-        "(id 50256), which is kept. Past the draft's context window the target goes on alone. "
-        "Colour: green = drafted and accepted, yellow = chosen by the target; "
-        "only on a terminal, and never with --no-color, --json or the NO_COLOR environment variable. "
-        "Exit codes: 0 done, 2 bad input, 130 interrupted (Ctrl-C), 1 unexpected error.",
-        allow_abbrev=False,
-    )
-    parser.add_argument(
-        "-p", "--prompt", default=DEFAULT_PROMPT,
-        help="the text to continue; '-' reads it from stdin (one trailing newline is dropped); "
-        "'<|endoftext|>' in it is GPT-2's end-of-text token "
-        "(default: GPT-2's unicorn prompt, 'In a shocking finding, scientist discovered a herd of unicorns...')",
-    )
-    parser.add_argument("--gamma", type=int, default=4, help="tokens the draft proposes per step, >= 1 (default: 4)")
-    parser.add_argument("--max-gen", type=int, default=100, help="the most new tokens to generate, >= 1 (default: 100)")
-    parser.add_argument(
-        "--temperature", type=float, default=0.0,
-        help="0 is greedy decoding (deterministic), and so is any temperature below 1e-4; "
-        "> 0 samples, higher is more random (default: 0)",
-    )
-    parser.add_argument(
-        "--top-k", type=int, default=None,
-        help="when sampling, keep only the k most likely tokens, k >= 1 (default: no limit)",
-    )
-    parser.add_argument(
-        "--top-p", type=float, default=None,
-        help="when sampling, keep the most likely tokens up to this probability mass, in (0, 1] (default: no limit)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0,
-        help="seed of the random generator, any integer: the same seed and settings give the same sampled text "
-        "(default: 0; greedy decoding uses no randomness)",
-    )
-    parser.add_argument(
-        "--draft", default="gpt2",
-        help="the draft model: a Hugging Face Hub repo id or a local folder with config.json and "
-        "model.safetensors (default: gpt2)",
-    )
-    parser.add_argument(
-        "--target", default="gpt2-large",
-        help="the target model, whose output is reproduced: a Hub repo id or a local folder; its vocab.json and "
-        "merges.txt are the tokenizer (default: gpt2-large)",
-    )
-    parser.add_argument(
-        "--device", default="auto",
-        help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (default: auto)",
-    )
-    parser.add_argument(
-        "--dtype", default="float32",
-        help="float32, or float16 / bfloat16 where the device supports them (default: float32)",
-    )
-    parser.add_argument(
-        "--quantize", default="none",
-        help="none, or int8: both models' weight matrices rounded to int8 with a scale per row, and read as int8 "
-        "on the CPU (float32 only): a quarter of the bytes per token, so faster decoding; the output is then "
-        "exactly that of the int8 target, which differs a little from the float32 one (default: none)",
-    )
-    parser.add_argument(
-        "--weights-dir", default=None,
-        help="where Hub models are downloaded to and read from, one folder per repo id "
-        "(default: weights/ in this repository)",
-    )
-    parser.add_argument(
-        "--compare", action="store_true",
-        help="also decode with the target alone (the baseline) on the same prompt, settings and seed: report both "
-        "speeds, the measured speedup next to the one this run's α and step costs predict (a warning when they "
-        "disagree: the machine's load changed), and when greedy whether the outputs are identical",
-    )
-    parser.add_argument(
-        "--json", action="store_true",
-        help="print exactly one JSON object on stdout (prompt, generated text, token ids, settings, stats, timings, "
-        "comparison) instead of the streamed text",
-    )
-    parser.add_argument("--no-color", action="store_true", help="no colours, even on a terminal")
-    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
-    return parser
-
-
-def check_settings(args: argparse.Namespace):
-    """The sampling settings, as the library's `SamplingConfig`. The library
-    checks every value (a temperature below 1e-4 is greedy there); its
-    ValueError names the flag.
-
-    Raises:
-        ValueError: a bad --gamma, --max-gen, --temperature, --top-k or --top-p.
-    """
-    from gpt2.generate import check_integer
-    from gpt2.sampling import SamplingConfig
-
-    check_integer(args.gamma, "--gamma", 1)  # as speculative_generate checks gamma
-    check_integer(args.max_gen, "--max-gen", 1)
-    try:
-        return SamplingConfig(args.temperature, args.top_k, args.top_p)
-    except ValueError as e:
-        name, rest = str(e).split(" ", 1)
-        raise ValueError(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
-
-
-def read_prompt(args: argparse.Namespace) -> str:
-    """The prompt text: --prompt, or stdin for '-'. Raises ValueError if empty."""
-    if args.prompt != "-":
-        if args.prompt == "":
-            raise ValueError("the prompt is empty: pass some text with --prompt, or '-p -' to read it from stdin")
-        return args.prompt
-    if sys.stdin.isatty():
-        print("reading the prompt from stdin; end it with Ctrl-D", file=sys.stderr)
-    text = sys.stdin.read()
-    if text.endswith("\n"):  # `echo text |` adds one
-        text = text[:-2] if text.endswith("\r\n") else text[:-1]
-    if text == "":
-        raise ValueError("the prompt read from stdin is empty: pipe some text in (echo 'Once upon a time' | ...)")
-    return text
 
 
 # ---------------------------------------------------------------------------
@@ -263,7 +130,6 @@ def run(args: argparse.Namespace, sampling, prompt: str) -> int:
     from cli.stream import DIM, RESET, TokenStream, wants_color
     from gpt2 import END_OF_TEXT_ID, resolve_device, resolve_dtype
     from gpt2.fast.quantize import resolve_quantize
-    from spec_decoding import SpecStats, speculative_generate
     from spec_decoding.loop import clock
 
     device = resolve_device(args.device)
@@ -293,21 +159,7 @@ def run(args: argparse.Namespace, sampling, prompt: str) -> int:
         out.flush()
 
     stream = TokenStream(tokenizer, out, color)
-    stats = SpecStats(args.gamma)  # passed in, so that its counts survive a Ctrl-C
-    interrupted = False
-    t0 = clock(device)
-    try:
-        speculative_generate(
-            target, draft, input_ids,
-            gamma=args.gamma, max_new_tokens=args.max_gen,
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-            eos_id=END_OF_TEXT_ID, generator=seeded_generator(args.seed, device),
-            on_step=stream.on_step, stats=stats,
-        )
-    except KeyboardInterrupt:
-        interrupted = True
-    spec_seconds = clock(device) - t0
-    stream.finish()
+    stats, spec_seconds, interrupted = speculate(args, sampling, target, draft, input_ids, stream)
     if out is not None:
         out.write("\n")
         if interrupted:
@@ -346,7 +198,7 @@ def run(args: argparse.Namespace, sampling, prompt: str) -> int:
                 "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
                 "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
                 "eos_id": END_OF_TEXT_ID,
-            },
+            },  # as given; "greedy" says how the temperature was read
             "stats": stats.to_dict(),
             "timings": timings,
             "interrupted": interrupted,
@@ -367,6 +219,36 @@ def run(args: argparse.Namespace, sampling, prompt: str) -> int:
         if args.compare:
             report.print_comparison(comparison, stream.tokens, tokenizer)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
+
+
+def speculate(args, sampling, target, draft, input_ids, stream):
+    """`speculative_generate`, committing into `stream` as it goes. Ctrl-C
+    stops it; what was committed and counted until then stays.
+
+    Returns:
+        (SpecStats, seconds, interrupted).
+    """
+    from gpt2 import END_OF_TEXT_ID
+    from spec_decoding import SpecStats, speculative_generate
+    from spec_decoding.loop import clock
+
+    device = input_ids.device
+    stats = SpecStats(args.gamma)  # passed in, so that its counts survive a Ctrl-C
+    interrupted = False
+    t0 = clock(device)
+    try:
+        speculative_generate(
+            target, draft, input_ids,
+            gamma=args.gamma, max_new_tokens=args.max_gen,
+            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            eos_id=END_OF_TEXT_ID, generator=seeded_generator(args.seed, device),
+            on_step=stream.on_step, stats=stats,
+        )
+    except KeyboardInterrupt:
+        interrupted = True
+    seconds = clock(device) - t0
+    stream.finish()
+    return stats, seconds, interrupted
 
 
 def seeded_generator(seed: int, device):

@@ -1,0 +1,150 @@
+"""The command line of spec_decoding_generate.py: its options, the check of
+their values (by the library: `SamplingConfig`, `check_integer`; a bad value
+is a ValueError naming its flag), and the prompt (from --prompt or stdin).
+
+argparse's own errors (an unknown flag, `--gamma abc`) are one line
+"error: ..." and exit code 2, like every other bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_PROMPT = (
+    "In a shocking finding, scientist discovered a herd of unicorns living in a remote, "
+    "previously unexplored valley, in the Andes Mountains."
+)  # the prompt of OpenAI's GPT-2 announcement
+
+EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+# The library names a sampling setting by its argument; the user knows it by its flag.
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but its errors (unknown flag, `--gamma abc`) are one line
+    "error: ..." on stderr with exit code 2, like every other bad input."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrorParser(
+        prog="spec_decoding_generate.py",
+        description="Speculative decoding with GPT-2: a small draft model proposes --gamma tokens, "
+        "the large target model checks them all in one forward pass and keeps the ones it agrees with. "
+        "Greedy output is exactly the target's own; sampled output has exactly its distribution.",
+        epilog="Generation stops after --max-gen tokens, at the target's context window, or after <|endoftext|> "
+        "(id 50256), which is kept. Past the draft's context window the target goes on alone. "
+        "Colour: green = drafted and accepted, yellow = chosen by the target; "
+        "only on a terminal, and never with --no-color, --json or the NO_COLOR environment variable. "
+        "Exit codes: 0 done, 2 bad input, 130 interrupted (Ctrl-C), 1 unexpected error.",
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "-p", "--prompt", default=DEFAULT_PROMPT,
+        help="the text to continue; '-' reads it from stdin (one trailing newline is dropped); "
+        "'<|endoftext|>' in it is GPT-2's end-of-text token "
+        "(default: GPT-2's unicorn prompt, 'In a shocking finding, scientist discovered a herd of unicorns...')",
+    )
+    parser.add_argument("--gamma", type=int, default=4, help="tokens the draft proposes per step, >= 1 (default: 4)")
+    parser.add_argument("--max-gen", type=int, default=100, help="the most new tokens to generate, >= 1 (default: 100)")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0,
+        help="0 is greedy decoding (deterministic), and so is any temperature below 1e-4; "
+        "> 0 samples, higher is more random (default: 0)",
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=None,
+        help="when sampling, keep only the k most likely tokens, k >= 1 (default: no limit)",
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=None,
+        help="when sampling, keep the most likely tokens up to this probability mass, in (0, 1] (default: no limit)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0,
+        help="seed of the random generator, any integer: the same seed and settings give the same sampled text "
+        "(default: 0; greedy decoding uses no randomness)",
+    )
+    parser.add_argument(
+        "--draft", default="gpt2",
+        help="the draft model: a Hugging Face Hub repo id or a local folder with config.json and "
+        "model.safetensors (default: gpt2)",
+    )
+    parser.add_argument(
+        "--target", default="gpt2-large",
+        help="the target model, whose output is reproduced: a Hub repo id or a local folder; its vocab.json and "
+        "merges.txt are the tokenizer (default: gpt2-large)",
+    )
+    parser.add_argument(
+        "--device", default="auto",
+        help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (default: auto)",
+    )
+    parser.add_argument(
+        "--dtype", default="float32",
+        help="float32, or float16 / bfloat16 where the device supports them (default: float32)",
+    )
+    parser.add_argument(
+        "--quantize", default="none",
+        help="none, or int8: both models' weight matrices rounded to int8 with a scale per row, and read as int8 "
+        "on the CPU (float32 only): a quarter of the bytes per token, so faster decoding; the output is then "
+        "exactly that of the int8 target, which differs a little from the float32 one (default: none)",
+    )
+    parser.add_argument(
+        "--weights-dir", default=None,
+        help="where Hub models are downloaded to and read from, one folder per repo id "
+        "(default: weights/ in this repository)",
+    )
+    parser.add_argument(
+        "--compare", action="store_true",
+        help="also decode with the target alone (the baseline) on the same prompt, settings and seed: report both "
+        "speeds, the measured speedup next to the one this run's α and step costs predict (a warning when they "
+        "disagree: the machine's load changed), and when greedy whether the outputs are identical",
+    )
+    parser.add_argument(
+        "--json", action="store_true",
+        help="print exactly one JSON object on stdout (prompt, generated text, token ids, settings, stats, timings, "
+        "comparison) instead of the streamed text",
+    )
+    parser.add_argument("--no-color", action="store_true", help="no colours, even on a terminal")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    return parser
+
+
+def check_settings(args: argparse.Namespace):
+    """The sampling settings, as the library's `SamplingConfig`. The library
+    checks every value (a temperature below 1e-4 is greedy there); its
+    ValueError names the flag.
+
+    Raises:
+        ValueError: a bad --gamma, --max-gen, --temperature, --top-k or --top-p.
+    """
+    from gpt2.generate import check_integer
+    from gpt2.sampling import SamplingConfig
+
+    check_integer(args.gamma, "--gamma", 1)  # as speculative_generate checks gamma
+    check_integer(args.max_gen, "--max-gen", 1)
+    try:
+        return SamplingConfig(args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        name, rest = str(e).split(" ", 1)
+        raise ValueError(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt text: --prompt, or stdin for '-'. Raises ValueError if empty."""
+    if args.prompt != "-":
+        if args.prompt == "":
+            raise ValueError("the prompt is empty: pass some text with --prompt, or '-p -' to read it from stdin")
+        return args.prompt
+    if sys.stdin.isatty():
+        print("reading the prompt from stdin; end it with Ctrl-D", file=sys.stderr)
+    text = sys.stdin.read()
+    if text.endswith("\n"):  # `echo text |` adds one
+        text = text[:-2] if text.endswith("\r\n") else text[:-1]
+    if text == "":
+        raise ValueError("the prompt read from stdin is empty: pipe some text in (echo 'Once upon a time' | ...)")
+    return text
