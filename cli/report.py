@@ -76,20 +76,23 @@ def print_stats(stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int, t
     forward calls, speed. `length`: prompt + new tokens."""
     judged = sum(stats.reached_at)
     gamma = stats.gamma
-    rows = [
-        ("new tokens", f"{stats.new_tokens} in {count(stats.target_calls, 'target call')}, {stop}"),
-        ("acceptance α", f"{stats.alpha:.3f} ({stats.accepted} of the {judged} drafted tokens the target judged)"),
-        (
-            "accepted per drafted",
-            f"{stats.accepted_per_drafted:.3f} ({stats.accepted} of {stats.drafted}: drafts after a rejection are "
-            "never judged)",
-        ),
-        (
-            "tokens/target call",
-            f"{stats.tokens_per_target_call:.2f} (at most {gamma + 1}; "
-            f"{expected_tokens_per_step(stats.alpha, gamma):.2f} expected at this α, Leviathan et al. eq. 1)",
-        ),
-    ]
+    rows = [("new tokens", f"{stats.new_tokens} in {count(stats.target_calls, 'target call')}, {stop}")]
+    if stats.drafted:
+        rows += [
+            ("acceptance α", f"{stats.alpha:.3f} ({stats.accepted} of the {judged} drafted tokens the target judged)"),
+            (
+                "accepted per drafted",
+                f"{stats.accepted_per_drafted:.3f} ({stats.accepted} of {stats.drafted}: drafts after a rejection "
+                "are never judged)",
+            ),
+            (
+                "tokens/target call",
+                f"{stats.tokens_per_target_call:.2f} (at most {gamma + 1}; "
+                f"{expected_tokens_per_step(stats.alpha, gamma):.2f} expected at this α, Leviathan et al. eq. 1)",
+            ),
+        ]
+    else:
+        rows.append(("acceptance α", "n/a: nothing was drafted"))
     if stats.plain_steps:
         why = (
             f"the sequence outgrew the draft's context window of {draft_n_ctx} tokens"
@@ -160,7 +163,8 @@ def describe_speedup(comparison: dict) -> str:
     text = f"{measured:.2f}x measured, {predicted:.2f}x predicted by α and the step costs (Leviathan et al. Thm 3.8)"
     if not comparison["speedup_matches_prediction"]:
         text += (
-            f": they disagree by more than {SPEEDUP_TOLERANCE:.0%}, so the machine's load changed between the two "
-            "runs (or during them): run again on a quiet machine before trusting the measured speedup"
+            f": they disagree by more than {SPEEDUP_TOLERANCE:.0%}, so the measured one is not reliable: the "
+            "machine's load changed between the two runs (or per-call overheads outweigh tiny models); "
+            "run again on a quiet machine"
         )
     return text

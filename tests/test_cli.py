@@ -312,6 +312,7 @@ def test_a_prompt_past_the_draft_window_goes_on_with_plain_target_steps(capsys, 
     assert "stopped at --max-gen" in result.stdout and "context window (" not in result.stdout
     assert re.search(r"plain steps\s+20 target calls drafted nothing \(the sequence outgrew the draft's context "
                      r"window of 32 tokens\)", result.stdout), result.stdout
+    assert re.search(r"acceptance α\s+n/a: nothing was drafted", result.stdout)
     assert "identical to the target alone, token for token (20 tokens)" in result.stdout
 
 
@@ -475,7 +476,8 @@ def test_compare_report_says_plainly_when_the_speedups_disagree(folders, capsys)
     print_comparison(comparison_of(tokens, tokens, speedup=2.98, predicted=0.71, agree=False), tokens, enc)
     out = " ".join(capsys.readouterr().out.split())
     assert "2.98x measured, 0.71x predicted" in out
-    assert "they disagree by more than 30%, so the machine's load changed between the two runs" in out
+    assert "they disagree by more than 30%, so the measured one is not reliable: the machine's load changed " \
+        "between the two runs" in out
 
 
 # ---------------------------------------------------------------------------
