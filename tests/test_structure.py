@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import REPO_ROOT
 
-PACKAGES = ("gpt2", "spec_decoding", "benchmarks")
+PACKAGES = ("gpt2", "spec_decoding", "benchmarks", "cli")
 
 
 def project_modules() -> dict[str, Path]:
