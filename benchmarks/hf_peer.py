@@ -22,9 +22,7 @@ from __future__ import annotations
 import torch
 
 from gpt2 import GPT2, SamplingConfig
-
-# GPT-2's four projections per block are Conv1D in transformers, stored (in, out).
-CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+from gpt2.loading import CONV1D_SUFFIXES  # the four projections transformers stores (in, out)
 
 
 def to_transformers(model: GPT2):
