@@ -200,11 +200,12 @@ class TransformersRunner:
 
     def prefill(self, prompt: torch.Tensor, slot: str) -> None:
         self.caches[slot] = self.new_cache()
-        self.hf_model(prompt, past_key_values=self.caches[slot], use_cache=True, logits_to_keep=1)
+        # The cache goes second, by position: `past_key_values` before transformers 5.x renamed it `cache`.
+        self.hf_model(prompt, self.caches[slot], use_cache=True, logits_to_keep=1)
 
     def verify(self, tokens: torch.Tensor, slot: str) -> torch.Tensor:
         cache = self.caches[slot]
-        logits = self.hf_model(tokens, past_key_values=cache, use_cache=True).logits  # (1, k, V)
+        logits = self.hf_model(tokens, cache, use_cache=True).logits  # (1, k, V)
         cache.crop(-tokens.size(1))  # a negative count drops that many positions
         return logits
 
