@@ -316,7 +316,7 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
         # Each implementation against the readable path of the same model and mask.
         diffs = {}
         for r in runners:
-            ref = r.twin(readable=True, tree=r.tree) if isinstance(r, OursRunner) else OursRunner(model, readable=True)
+            ref = OursRunner(r.model, getattr(r, "name", "ours"), readable=True, tree=r.tree)
             for runner in (r, ref):
                 runner.prefill(prompt, "check")
             diffs[r.label] = (r.verify(drafts, "check") - ref.verify(drafts, "check")).abs().max().item()
@@ -334,10 +334,9 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
               "max_abs_logit_diff": diffs, "contexts": contexts,
               "step_bytes": {slot: step_bytes(model, P, False) for slot, P in contexts.items()}}
     for phase, by_label in samples.items():
-        result["implementations" if phase == "quiet" else "loaded"] = {
-            r.label: entry(by_label[r.label], ks, {slot: step_bytes(r.model, P, r.int8) for slot, P in contexts.items()})
-            for r in runners
-        }
+        result["implementations" if phase == "quiet" else "loaded"] = {r.label: entry(
+            by_label[r.label], ks, {slot: step_bytes(r.model, P, r.int8) for slot, P in contexts.items()})
+            for r in runners}
     del runners, model
     gc.collect()
     return result
@@ -352,16 +351,16 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
         f"{args.gen} tokens, quiet and with {spinners.n} busy core(s) ...")
     target = random_model(shape(args.models[-1]), seed=args.seed)
     draft = random_model(shape(args.draft), seed=args.seed + 1)
-    prompt = torch.randint(target.config.vocab_size, (1, args.prefix), generator=torch.Generator().manual_seed(args.seed))
+    g = torch.Generator().manual_seed(args.seed)
+    prompt = torch.randint(target.config.vocab_size, (1, args.prefix), generator=g)  # (1, P)
     reference = generate(target, prompt, args.gen)  # (1, P + gen): what the simulated drafter copies
+    runs = {}
 
     def speculative():
         drafter = SimulatedDrafter(draft, reference, SIM_ALPHA, seed=args.seed)
-        out, stats = speculative_generate(target, drafter, prompt, gamma=SIM_GAMMA, max_new_tokens=args.gen)
+        out, runs["stats"] = speculative_generate(target, drafter, prompt, gamma=SIM_GAMMA, max_new_tokens=args.gen)
         assert torch.equal(out, reference), "greedy speculative output must equal greedy decoding"
-        runs["stats"] = stats
 
-    runs = {}
     seconds = {phase: {"baseline": [], "speculative": []} for phase in ("quiet", "loaded")}
     for rep in range(args.warmup + args.repeats):
         for phase in ("quiet", "loaded") if rep % 2 == 0 else ("loaded", "quiet"):
@@ -449,7 +448,8 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
                 if label == "ours":
                     continue
                 line = (f"- {res['model']}{', ' + phase if args.busy else ''}: {label} / ours: prefill "
-                        f"{e['prefill_s'] / o['prefill_s']:.2f}x, step {e['short']['step_s'] / o['short']['step_s']:.2f}x, "
+                        f"{e['prefill_s'] / o['prefill_s']:.2f}x, "
+                        f"step {e['short']['step_s'] / o['short']['step_s']:.2f}x, "
                         f"t_v({k5}) {e['short']['verify_s'][k5] / o['short']['verify_s'][k5]:.2f}x")
                 if args.long:
                     line += (f"; at {P}: step {e['long']['step_s'] / o['long']['step_s']:.2f}x, t_v({LONG_K}) "
@@ -461,9 +461,9 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
         lines += [f"## Speculative decoding under load: {speedup['draft']} -> {speedup['target']}, simulated "
                   f"α = {speedup['alpha_sim']:g}, γ = {speedup['gamma']}, {speedup['new_tokens']} new tokens", "",
                   f"Greedy, random weights; `SimulatedDrafter` proposes the target's token with probability "
-                  f"{speedup['alpha_sim']:g} (measured α {speedup['alpha']:.3f}, {speedup['tokens_per_target_call']:.2f} "
-                  "tokens per target call). speedup: the median over repeats of `generate` seconds / speculative "
-                  "seconds in the same phase.", "",
+                  f"{speedup['alpha_sim']:g} (measured α {speedup['alpha']:.3f}, "
+                  f"{speedup['tokens_per_target_call']:.2f} tokens per target call). speedup: the median over "
+                  "repeats of `generate` seconds / speculative seconds in the same phase.", "",
                   markdown_table(["load", "speedup [min-max]", "baseline (s)", "speculative (s)"], [
                       [phase if phase == "quiet" else f"{args.busy} busy",
                        f"{s['speedup']:.2f} [{s['speedup_min']:.2f}-{s['speedup_max']:.2f}]",
@@ -490,7 +490,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--long", type=int, default=500,
                    help="also time step and k=5 with the cache at prefix + LONG positions (default 500; 0: skip)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
-    p.add_argument("--bandwidth-mib", type=int, default=1024, help="size of the tensor summed to measure read bandwidth")
+    p.add_argument("--bandwidth-mib", type=int, default=1024,
+                   help="size of the tensor summed to measure read bandwidth")
     p.add_argument("--readable", action="store_true",
                    help="also time the same model on the readable path (model.accelerator = None)")
     p.add_argument("--tree-mask", action="store_true",

@@ -355,8 +355,8 @@ QUICK = {"prompts": 2, "max_gen": [50, 100], "repeats": 2, "component_calls": 5}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.gamma_sweep",
-                                 description="Speculative decoding speedup over gamma x max_gen, measured and predicted.")
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gamma_sweep", description=(
+        "Speculative decoding speedup over gamma x max_gen, measured and predicted."))
     models = ap.add_argument_group("models")
     models.add_argument("--target", default="gpt2-large",
                         help="Hub id or folder; a preset name with --random-weights (default gpt2-large)")
@@ -377,7 +377,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     grid = ap.add_argument_group("sweep")
     grid.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 4, 8], help="draft lengths (default 1 2 4 8)")
-    grid.add_argument("--max-gen", type=int, nargs="+", default=None, help="new tokens per run (default 50 100 200 500)")
+    grid.add_argument("--max-gen", type=int, nargs="+", default=None,
+                      help="new tokens per run (default 50 100 200 500)")
     grid.add_argument("--prompts", type=int, default=None,
                       help=f"use the first N of the {len(PROMPTS)} prompts of benchmarks/prompts.py (default all)")
     grid.add_argument("--simulate-acceptance", type=float, nargs="+", default=None, metavar="ALPHA",

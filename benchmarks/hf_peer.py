@@ -58,44 +58,11 @@ def to_transformers(model: GPT2):
     return hf_model.to(device=model.device, dtype=model.dtype).eval()
 
 
-def generation_kwargs(max_new_tokens: int, sampling: SamplingConfig) -> dict:
-    """`generate` arguments for exactly `max_new_tokens` tokens with our sampling settings."""
-    kwargs = {
-        "max_new_tokens": max_new_tokens,
-        "min_new_tokens": max_new_tokens,
-        "eos_token_id": None,
-        "pad_token_id": None,
-        "do_sample": not sampling.greedy,
-    }
-    if not sampling.greedy:
-        kwargs.update(
-            temperature=sampling.temperature,
-            top_k=sampling.top_k if sampling.top_k is not None else 0,  # 0: no top-k (its default is 50)
-            top_p=sampling.top_p if sampling.top_p is not None else 1.0,
-        )
-    return kwargs
-
-
-def set_assistant_tokens(assistant, gamma: int) -> None:
-    """Makes `assistant` draft exactly `gamma` tokens per step, with no early stop."""
-    config = assistant.generation_config
-    config.num_assistant_tokens = gamma
-    config.num_assistant_tokens_schedule = "constant"
-    config.assistant_confidence_threshold = 0.0
-
-
 @torch.inference_mode()
-def hf_generate(
-    hf_target,
-    input_ids: torch.Tensor,
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    *,
-    assistant=None,
-    gamma: int | None = None,
-) -> torch.Tensor:
+def hf_generate(hf_target, input_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, *,
+                assistant=None, gamma: int | None = None) -> torch.Tensor:
     """transformers' plain generate (assistant None) or assisted generation
-    with `assistant` drafting `gamma` tokens per step.
+    with `assistant` drafting exactly `gamma` tokens per step, no early stop.
 
     Args:
         hf_target, assistant: models from `to_transformers`.
@@ -107,10 +74,17 @@ def hf_generate(
     Returns:
         (1, T + max_new_tokens) LongTensor.
     """
-    kwargs = generation_kwargs(max_new_tokens, sampling)
+    kwargs = {"max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens, "eos_token_id": None,
+              "pad_token_id": None, "do_sample": not sampling.greedy}
+    if not sampling.greedy:
+        kwargs.update(temperature=sampling.temperature,
+                      top_k=sampling.top_k if sampling.top_k is not None else 0,  # 0: no top-k (its default is 50)
+                      top_p=sampling.top_p if sampling.top_p is not None else 1.0)
     if assistant is not None:
         assert gamma is not None and gamma >= 1, "assisted generation needs gamma >= 1"
-        set_assistant_tokens(assistant, gamma)
+        config = assistant.generation_config
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
+        config.assistant_confidence_threshold = 0.0
         kwargs["assistant_model"] = assistant
     attention_mask = torch.ones_like(input_ids)  # one unpadded sequence
     return hf_target.generate(input_ids, attention_mask=attention_mask, **kwargs)

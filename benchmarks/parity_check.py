@@ -245,7 +245,8 @@ def explain_divergence(position: int, baseline: Evidence, speculative: Evidence,
         verdict, reason = "BUG", "no target logits were recorded for this position in one run"
     elif any(e.deficit > 0 for _, e in runs):  # a path did not take its own argmax (an exact tie is no deficit)
         which, e = next((which, e) for which, e in runs if e.deficit > 0)
-        verdict, reason = "BUG", f"the {which} path chose a token {e.deficit:.3g} below the top-1 of its own target logits"
+        verdict = "BUG"
+        reason = f"the {which} path chose a token {e.deficit:.3g} below the top-1 of its own target logits"
     elif baseline.gap <= tolerance and speculative.gap <= tolerance:
         verdict, reason = "near-tie", "both gaps are below the tie tolerance: rounding flipped the argmax"
     else:

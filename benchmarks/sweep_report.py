@@ -202,8 +202,8 @@ def markdown(result: SweepResult, rows: list[dict], env: dict, command: str) -> 
     lines += [markdown_table(headers, table), "",
               "speedup: baseline time / speculative time; α: accepted / judged drafted tokens (SpecStats.alpha); "
               "tok/call: new tokens per target pass; t_d, t_t: one draft / target step, t_v(γ+1): one target pass "
-              "over γ+1 tokens; c = t_d / t_t; predicted = E·t_t / (γ·t_d + t_v(γ+1)) with E = (1 − α^(γ+1)) / "
-              "(1 − α); efficiency = speedup / predicted. The formula leaves out each run's start-up S (new KV "
+              "over γ+1 tokens; c = t_d / t_t; predicted = E·t_t / (γ·t_d + t_v(γ+1)) with E = (1 − α^(γ+1)) "
+              "/ (1 − α); efficiency = speedup / predicted. The formula leaves out each run's start-up S (new KV "
               "caches, prompt prefill), paid once by both sides; eff. w/ start-up = speedup / ((S_t + n·t_t) / "
               "(S_t + S_d + (n/E)(γ·t_d + t_v(γ+1)))), n = max_gen, isolates the loop (`efficiency_with_start` in "
               "sweep.csv, with S_t, S_d). Every column is defined in sweep.json."]
