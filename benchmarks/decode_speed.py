@@ -1,38 +1,18 @@
-"""Decode speed of the hand-written GPT-2: one decode step, the verification of
-k tokens in one forward pass, and prefill, beside `transformers`' GPT-2 with
-the same weights and beside the memory-bandwidth bound.
-
-Timed for each model shape (random weights, fp32, batch 1) on top of a KV
-cache holding a --prefix-token prompt: prefill (the prompt, last logits only);
-t_step, one new token; t_v(k), k new tokens with logits for all k, the cost
-of verifying gamma = k - 1 drafts (Leviathan et al. 2023: speculative decoding
-pays only if t_v(gamma + 1) stays close to t_step). r_k = t_v(k) / t_step is
-the median over repeats of the ratio within each repeat: a shared machine's
-speed drifts, and a ratio of two medians can pair calls from different phases.
-With --tree-mask each k is also timed with a token tree's ancestor mask
-(node i's parent is (i - 1) // 2), as a tree verification pass runs it. Step
-and t_v(5) are timed again at a --long context. The bandwidth bound is the
-bytes one step reads (each weight once, int8 ones as 1 byte plus their rows'
-scales, and the cached keys and values) over the read bandwidth, sampled right
-before and after each timed step (it drifts within seconds).
-
---busy N keeps N cores busy with spinning processes in every other phase of
-each repeat, so the report gives each figure quiet and loaded from the same
-run, and the speedup of greedy speculative decoding with a simulated draft
-(alpha 0.8, gamma 4; `SimulatedDrafter`, the last of --models as target,
---draft as draft) quiet and loaded.
-
-Every repeat runs each implementation in turn (reversed on odd repeats) after
---warmup uncounted ones; each timed call leaves the cache at its context. The
-implementations are checked to give the readable path's logits first.
+"""Decode speed of the hand-written GPT-2 beside transformers' GPT-2 (the same
+weights) and the memory-bandwidth bound: prefill, one decode step (t_step)
+and one pass over k new tokens (t_v(k)), on a KV cache of --prefix tokens,
+random weights, fp32, batch 1. r_k = t_v(k) / t_step is the cost of
+verifying gamma = k - 1 drafts: speculative decoding pays only while it stays
+near 1 (Leviathan et al. 2023). --tree-mask also times each k with a token
+tree's mask; --busy N keeps N cores busy in every other phase, for every
+figure and the simulated alpha 0.8, gamma 4 speedup quiet and loaded.
 
     python -m benchmarks.decode_speed                      # gpt2 and gpt2-large shapes
     python -m benchmarks.decode_speed --models gpt2-large --tree-mask --readable --int8
     python -m benchmarks.decode_speed --models gpt2-large --busy 1 --repeats 5
 
-Outputs (in --out, default benchmarks/results/decode_speed-<UTC time>/):
-decode_speed.md (the tables, with the environment header) and
-decode_speed.json (the same with every sample).
+Outputs (--out, default benchmarks/results/decode_speed-<UTC time>/):
+decode_speed.md (the tables, with the environment header), decode_speed.json (every sample).
 """
 
 from __future__ import annotations
@@ -60,6 +40,7 @@ from spec_decoding.loop import clock
 CPU = torch.device("cpu")
 DTYPE = torch.float32
 LONG_K = 5  # the verification length timed at the long context (gamma = 4)
+MAX_K = 64  # the longest verification --ks may ask for
 SIM_ALPHA, SIM_GAMMA = 0.8, 4  # the simulated speculative run of --busy
 # A spinner: a tight Python loop that ends by itself once its parent is gone.
 SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    for _ in range(10**6): pass\n"
@@ -170,8 +151,8 @@ class OursRunner:
 
     def prefill(self, prompt: torch.Tensor, slot: str) -> None:
         """Empties cache `slot` and fills it with `prompt` (1, P)."""
-        if slot not in self.caches:
-            self.caches[slot] = self.model.new_cache(1)
+        if slot not in self.caches:  # room for the prompt and the longest verification, not n_ctx
+            self.caches[slot] = self.model.new_cache(1, capacity=min(prompt.size(1) + MAX_K, self.model.config.n_ctx))
         cache = self.caches[slot]
         cache.rewind(0)
         self.forward(prompt, cache, last_logits_only=True)
@@ -220,8 +201,10 @@ def timed(fn, *args) -> float:
 def one_turn(r, prompts: dict[str, torch.Tensor], drafts: torch.Tensor, ks: dict[str, list[int]],
              probe: BandwidthProbe) -> dict[str, float]:
     """One repeat of runner `r`: "<slot> k=1", each decode step between two
-    bandwidth samples ("<slot> bandwidth", their mean, bytes/s), then
-    "prefill" and every "<slot> k=<k>" (seconds)."""
+    bandwidth samples ("<slot> bandwidth", their mean, bytes/s: a shared
+    machine's bandwidth drifts within seconds, so a step is set against the
+    bandwidth around it), then "prefill" and every "<slot> k=<k>" (seconds).
+    Each call leaves the cache at its context."""
     got = {}
     before = probe.sample()
     for slot in prompts:
@@ -239,14 +222,16 @@ def time_interleaved(runners: list, prompts: dict[str, torch.Tensor], drafts: to
                      ks: dict[str, list[int]], args: argparse.Namespace, probe: BandwidthProbe,
                      spinners: Spinners) -> dict[str, dict[str, dict[str, list[float]]]]:
     """samples[phase][runner label][key] (keys: see `one_turn`). Each repeat
-    has a quiet phase and, with spinners, a loaded one (their order and the
-    runners' reversed on odd repeats); the first --warmup repeats are dropped."""
+    has a quiet phase and, with spinners, a loaded one; in each, every runner
+    takes its turn. The order of both is reversed on odd repeats, so slow
+    drift cancels; the first --warmup repeats are dropped."""
     phases = ["quiet", "loaded"] if spinners.n else ["quiet"]
     samples = {phase: {r.label: {} for r in runners} for phase in phases}
     for r in runners:
         for slot, prompt in prompts.items():
             r.prefill(prompt, slot)
     for rep in range(args.warmup + args.repeats):
+        say(f"  repeat {rep + 1} of {args.warmup + args.repeats}" + (" (warm-up)" if rep < args.warmup else ""))
         for phase in phases if rep % 2 == 0 else phases[::-1]:
             with spinners.running(phase == "loaded"):
                 for r in runners if rep % 2 == 0 else runners[::-1]:
@@ -257,7 +242,9 @@ def time_interleaved(runners: list, prompts: dict[str, torch.Tensor], drafts: to
 
 
 def summary(s: dict[str, list[float]], slot: str, ks: list[int], nbytes: int) -> dict:
-    """One runner's figures at one context from its samples `s`."""
+    """One runner's figures at one context from its samples `s`. r_k is the
+    median over repeats of t_v(k) / t_step within each repeat: a ratio of two
+    medians can pair calls from a fast and a slow phase of the machine."""
     steps, bandwidth = s[f"{slot} k=1"], s[f"{slot} bandwidth"]
     fractions = [nbytes / bw / t for bw, t in zip(bandwidth, steps)]  # each step against its own bound
     verify = {k: median(s[f"{slot} k={k}"]) for k in ks[1:]}
@@ -313,7 +300,7 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
     contexts = {slot: p.size(1) for slot, p in prompts.items()}
 
     with torch.inference_mode():
-        # Each implementation against the readable path of the same model and mask.
+        # Each implementation against the readable path of the same model and mask: timing wrong logits means nothing.
         diffs = {}
         for r in runners:
             ref = OursRunner(r.model, getattr(r, "name", "ours"), readable=True, tree=r.tree)
@@ -513,8 +500,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0 or args.long < 0 or args.busy < 0:
         raise ValueError("--warmup, --long and --busy must be >= 0")
-    if any(not 2 <= k <= 64 for k in args.ks):
-        raise ValueError("--ks are verification lengths: each must lie in 2..64 (k = 1 is the decode step)")
+    if any(not 2 <= k <= MAX_K for k in args.ks):
+        raise ValueError(f"--ks are verification lengths: each must lie in 2..{MAX_K} (k = 1 is the decode step)")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
     for name in [*args.models, args.draft]:

@@ -1,27 +1,19 @@
 """The gamma x max_gen sweep: the measured speedup of speculative decoding
-beside the speedup theory predicts from measured costs (sweep_report.py).
+beside the one theory predicts from measured step costs (sweep_report.py).
 
-For every cell (max_gen, gamma, and the simulated acceptance if any) it
-measures the end-to-end speedup, tokens/s, α, and the step costs the
-prediction needs: t_d (one draft step), t_t (one target step) and
-t_v(gamma+1) (one target pass over gamma + 1 tokens), with the KV cache at
-a representative context (median prompt + max_gen / 2), in rounds spread
-between the decoding runs (`ComponentTimer`).
-
-The baseline is `gpt2.generate` of the target with the same prompts and
-settings. For each repeat, max_gen and prompt, the baseline and every cell
-run back to back, in reversed order on odd repeats, so slow drift of the
-machine cancels; speedup is the median over repeats of baseline time /
-speculative time within the same repeat. End-of-text is ignored, so every
-run emits exactly max_gen tokens.
+Each cell (max_gen, gamma, simulated acceptance) is timed against the
+baseline `gpt2.generate` on the same prompts, back to back in every repeat
+(in reversed order on odd repeats, so drift cancels); speedup is the median
+over repeats of baseline / speculative time. The step costs the prediction
+needs are timed in rounds between the runs (`ComponentTimer`). End-of-text
+is ignored: every run emits max_gen tokens.
 
     python -m benchmarks.gamma_sweep                       # gpt2 -> gpt2-large, full sweep
     python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.7 0.9 --quick
     python -m benchmarks.gamma_sweep --random-weights --draft-equals-target --peer transformers --quick
 
-Outputs (in --out, default benchmarks/results/gamma_sweep-<UTC time>/): sweep.md,
-sweep.csv, sweep.json (columns: sweep_report.COLUMNS), speedup_vs_gamma.png,
-acceptance_per_position.png.
+Outputs (--out, default benchmarks/results/gamma_sweep-<UTC time>/): sweep.md, sweep.csv,
+sweep.json (columns: sweep_report.COLUMNS), speedup_vs_gamma.png, acceptance_per_position.png.
 """
 
 from __future__ import annotations

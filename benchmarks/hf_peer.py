@@ -1,20 +1,14 @@
-"""`transformers`' assisted generation as a peer to compare against.
+"""`transformers`' GPT-2 with the same weights, as a peer: its plain
+`generate` and its assisted generation (`assistant_model=draft`, Leviathan et
+al. 2023's rejection sampling when sampling). Only the benchmarks import it,
+only when asked: `transformers` is a test/benchmark dependency.
 
-The same weights run through Hugging Face's `GPT2LMHeadModel`: plain
-`generate` as its baseline, and `generate(..., assistant_model=draft)` as its
-speculative decoding (assisted generation; Leviathan et al. 2023's rejection
-sampling when sampling). Only the benchmarks import this module, and only when
-asked for the peer: `transformers` is a test/benchmark dependency.
-
-Settings that make the comparison like-for-like (transformers 5.x,
-generation/candidate_generator.py):
-- the assistant drafts a constant number of tokens: `num_assistant_tokens` =
-  gamma with `num_assistant_tokens_schedule = "constant"` (the default
-  "heuristic" schedule changes it from step to step);
-- confidence-based early stop off: `assistant_confidence_threshold = 0`
-  (None would be replaced by its default 0.4; only a value > 0 adds the stop);
-- no end-of-text (`eos_token_id=None`) and `min_new_tokens = max_new_tokens`,
-  so every run produces exactly the requested number of tokens, as ours do.
+Like-for-like settings (transformers 5.x, generation/candidate_generator.py):
+the assistant drafts a constant gamma tokens (`num_assistant_tokens_schedule
+= "constant"`; the default "heuristic" changes it every step), with no
+confidence-based early stop (`assistant_confidence_threshold = 0`: None means
+its default 0.4); no end-of-text and `min_new_tokens = max_new_tokens`, so
+every run produces exactly the requested number of tokens, as ours do.
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
 """Parity check: is speculative greedy output identical to plain greedy output,
 and when it is not, why?
 
-Legend: T = prompt tokens, d = index of the first differing new token,
-V = vocab size, K = gamma.
-
-Greedy speculative decoding keeps a drafted token only if it is the target's
-argmax (Leviathan et al. 2023, section 2.3), so in exact arithmetic it
-reproduces greedy decoding. In floating point, plain decoding scores a token
-in a (1, 1) pass and verification in a (1, K + 1) pass. The fast CPU path
-(gpt2/fast) gives a position the same bits in both; the readable path
-(--readable) and half precision may differ in the last bits, and where the
-target's top two tokens nearly tie, the argmax can flip.
-
-For every benchmark prompt (and the ones that end early with end-of-text) and
-every dtype, both ways decode greedily. At the first differing token the
-report shows, for each run, the token it chose and the logits row it chose
-from (captured during the run by a forward hook, not recomputed): its
-top-1 minus top-2 gap and how far below its own top-1 the chosen token was;
-and |Δlogit|, the largest difference between the two rows. Verdict:
-"near-tie" if each run took its own argmax and both gaps are below the tie
-tolerance, max(--tie-tolerance, 8 eps(dtype)) x max|logit| (rounding errors
-scale with the values: float32 noise is ~1e-6 x scale, half precision's a few
-eps x scale); "BUG" otherwise. It also checks that nothing follows
-end-of-text. Exit code 1 if a float32 divergence is a BUG or a run broke the
-end-of-text rule; 2 for a usage error; 0 otherwise.
+Greedy speculative decoding keeps a draft only if it is the target's argmax
+(Leviathan et al. 2023, 2.3), so in exact arithmetic it reproduces greedy
+decoding. Plain decoding scores a token in a (1, 1) pass, verification in a
+(1, K + 1) pass: the fast CPU path gives both the same bits; the readable
+path (--readable) and half precision may differ in the last bits, and at a
+near-tie the argmax can flip. For every benchmark prompt and dtype, both
+ways decode, and the first differing token gets its evidence and a verdict
+(`explain_divergence`). Exit code 1 if a float32 divergence is a BUG or a run
+broke the end-of-text rule, 2 for a usage error, else 0.
 
     python -m benchmarks.parity_check --random-weights --dtypes float32,bfloat16
     python -m benchmarks.parity_check --draft gpt2 --target gpt2-large --gamma 4 --max-gen 32
@@ -232,7 +218,11 @@ class DtypeReport:
 def explain_divergence(position: int, baseline: Evidence, speculative: Evidence, row_b: torch.Tensor | None,
                        row_s: torch.Tensor | None, relative_tolerance: float) -> Divergence:
     """The verdict at the first differing new token, from both runs' evidence
-    and logits rows (V,) there."""
+    and their logits rows (V,) there (captured during the runs, not
+    recomputed). "near-tie": each run took its own argmax and both top-1 minus
+    top-2 gaps are below the tie tolerance, max(--tie-tolerance, 8 eps(dtype))
+    x max|logit| (rounding errors scale with the values: float32 noise is
+    ~1e-6 x scale, half precision's a few eps x scale). "BUG": anything else."""
     delta = scale = tolerance = None
     if row_b is not None and row_s is not None:
         delta = float((row_b - row_s).abs().max())
