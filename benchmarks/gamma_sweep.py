@@ -312,7 +312,8 @@ def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Ten
                 out, t = runner.baseline(ids, n, p)
                 assert not greedy or torch.equal(out, references.get((p, n), out)), "greedy must be deterministic"
                 references.setdefault((p, n), out)
-                base.tokens += (out.size(1) - ids.size(1)) if r == 0 else 0
+                if r == 0:
+                    base.tokens += out.size(1) - ids.size(1)
             elif kind == "speculative":
                 c = group[i]
                 (out, stats), t = runner.speculative(ids, n, p, c.gamma, c.alpha_sim, references.get((p, n)))
