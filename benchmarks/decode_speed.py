@@ -41,7 +41,7 @@ CPU = torch.device("cpu")
 DTYPE = torch.float32
 LONG_K = 5  # the verification length timed at the long context (gamma = 4)
 MAX_K = 64  # the longest verification --ks may ask for
-SIM_ALPHA, SIM_GAMMA = 0.8, 4  # the simulated speculative run of --busy
+SIM_ALPHA, SIM_GAMMA, SIM_PROMPT = 0.8, 4, 32  # the simulated speculative runs of --busy (a 32-token prompt)
 # A spinner: a tight Python loop that ends by itself once its parent is gone.
 SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    for _ in range(10**6): pass\n"
 SETTLE_S = 0.2  # after starting the spinners, before timing
@@ -330,8 +330,9 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
 
 
 def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
-    """Greedy speculative decoding of --gen tokens with a `SimulatedDrafter`
-    (alpha SIM_ALPHA, gamma SIM_GAMMA) against `generate`, quiet and loaded:
+    """Greedy speculative decoding of --gen tokens after a SIM_PROMPT-token
+    prompt with a `SimulatedDrafter` (alpha SIM_ALPHA, gamma SIM_GAMMA) against
+    `generate`, quiet and loaded:
     speedup = the median over repeats of baseline / speculative seconds in
     the same phase of the same repeat."""
     say(f"[speedup] {args.draft} -> {args.models[-1]}, simulated alpha {SIM_ALPHA}, gamma {SIM_GAMMA}, "
@@ -339,7 +340,7 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
     target = random_model(shape(args.models[-1]), seed=args.seed)
     draft = random_model(shape(args.draft), seed=args.seed + 1)
     g = torch.Generator().manual_seed(args.seed)
-    prompt = torch.randint(target.config.vocab_size, (1, args.prefix), generator=g)  # (1, P)
+    prompt = torch.randint(target.config.vocab_size, (1, SIM_PROMPT), generator=g)  # (1, P)
     reference = generate(target, prompt, args.gen)  # (1, P + gen): what the simulated drafter copies
     runs = {}
 
@@ -350,6 +351,7 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
 
     seconds = {phase: {"baseline": [], "speculative": []} for phase in ("quiet", "loaded")}
     for rep in range(args.warmup + args.repeats):
+        say(f"  repeat {rep + 1} of {args.warmup + args.repeats}" + (" (warm-up)" if rep < args.warmup else ""))
         for phase in ("quiet", "loaded") if rep % 2 == 0 else ("loaded", "quiet"):
             with spinners.running(phase == "loaded"):
                 jobs = [("baseline", lambda: generate(target, prompt, args.gen)), ("speculative", speculative)]
@@ -446,7 +448,8 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
         lines += ["## The others against ours (time ratios; higher: ours faster)", "", *comparisons, ""]
     if speedup:
         lines += [f"## Speculative decoding under load: {speedup['draft']} -> {speedup['target']}, simulated "
-                  f"α = {speedup['alpha_sim']:g}, γ = {speedup['gamma']}, {speedup['new_tokens']} new tokens", "",
+                  f"α = {speedup['alpha_sim']:g}, γ = {speedup['gamma']}, {speedup['new_tokens']} new tokens after a "
+                  f"{SIM_PROMPT}-token prompt", "",
                   f"Greedy, random weights; `SimulatedDrafter` proposes the target's token with probability "
                   f"{speedup['alpha_sim']:g} (measured α {speedup['alpha']:.3f}, "
                   f"{speedup['tokens_per_target_call']:.2f} tokens per target call). speedup: the median over "
