@@ -70,6 +70,12 @@ class SpecStats:
         draft_seconds, verify_seconds: wall time drafting, and verifying
             (target forward + acceptance rule).
         stopped_at_eos: the run ended on the end-of-text token.
+        tree: for a token tree (tree_loop.py), its shape; gamma is then its
+            depth, a "draft position" a depth, `drafted` counts tree nodes,
+            and reached_at[i] counts the steps that judged the candidates at
+            depth i + 1. None for a chain.
+        accepted_rank: trees only: accepted_rank[i][r] = steps that accepted,
+            at depth i + 1, the sibling of rank r (0 = the first drafted).
     """
 
     gamma: int
@@ -86,6 +92,8 @@ class SpecStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     stopped_at_eos: bool = False
+    tree: str | None = None
+    accepted_rank: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.accepted_hist:
@@ -112,6 +120,30 @@ class SpecStats:
             self.reached_at[i] += 1
         for i in range(accepted):
             self.accepted_at[i] += 1
+
+    def record_tree_step(self, nodes: int, ranks: tuple[int, ...], judged: int, target_token: bool) -> None:
+        """Counts one step of a token tree that drafted `nodes` tokens and
+        emitted an accepted path whose nodes had the sibling ranks `ranks`
+        (depth 1 down), then the target's own token if `target_token`.
+        `judged`: how many depths verification judged (the accepted ones, and
+        the one where it rejected every candidate)."""
+        accepted = len(ranks)
+        assert 0 <= accepted <= judged <= self.gamma and judged <= accepted + 1, (accepted, judged, self.gamma)
+        self.target_calls += 1
+        self.plain_steps += int(nodes == 0)
+        self.drafted += nodes
+        self.accepted += accepted
+        self.target_tokens += int(target_token)
+        self.new_tokens += accepted + int(target_token)
+        self.accepted_hist[accepted] += 1
+        for i in range(judged):
+            self.reached_at[i] += 1
+        for i, rank in enumerate(ranks):
+            self.accepted_at[i] += 1
+            self.accepted_rank.extend([] for _ in range(i + 1 - len(self.accepted_rank)))
+            counts = self.accepted_rank[i]
+            counts.extend(0 for _ in range(rank + 1 - len(counts)))
+            counts[rank] += 1
 
     @property
     def alpha(self) -> float:
