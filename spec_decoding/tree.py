@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt2.generate import check_integer
+
 
 @dataclass(frozen=True)
 class TokenTree:
@@ -81,7 +83,9 @@ class TokenTree:
         (the root, the last committed token, at prefix_length itself)."""
         return prefix_length + torch.tensor(self.depths)  # (N,)
 
-    def draw(self, accepted: tuple[int, ...] = (), decode: Callable[[int], str] = str, next_token: int | None = None) -> str:
+    def draw(
+        self, accepted: tuple[int, ...] = (), decode: Callable[[int], str] = str, next_token: int | None = None
+    ) -> str:
         """The tree as text, one node per line, the accepted path marked.
 
         Args:
@@ -134,13 +138,13 @@ class TreeShape:
         if self.branching is not None:
             if self.nodes is not None or self.depth is not None:
                 raise ValueError("a tree shape is static (branching) or dynamic (nodes and depth), not both")
-            if not self.branching or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in self.branching):
-                raise ValueError(f"tree branching must be integers >= 1 per depth, such as 3,2,1,1; got {self.branching}")
-            object.__setattr__(self, "branching", tuple(self.branching))
+            if not self.branching:
+                raise ValueError("a tree's branching needs one number per depth, such as 3,2,1,1")
+            branching = tuple(check_integer(b, "every tree branching (children per node)", 1) for b in self.branching)
+            object.__setattr__(self, "branching", branching)
         else:
-            for name, value in (("nodes", self.nodes), ("depth", self.depth)):
-                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                    raise ValueError(f"a dynamic tree needs {name} as an integer >= 1 (tree nodes N and depth D), got {value!r}")
+            object.__setattr__(self, "nodes", check_integer(self.nodes, "a dynamic tree's nodes", 1))
+            object.__setattr__(self, "depth", check_integer(self.depth, "a dynamic tree's depth", 1))
             if self.depth > self.nodes:
                 raise ValueError(f"a tree of {self.nodes} nodes cannot be {self.depth} deep: give depth <= nodes")
 

@@ -50,6 +50,17 @@ class TreeDraft:
     fed: int
 
 
+def draw_without_replacement(q: torch.Tensor, count: int, generator: torch.Generator | None) -> list[int]:
+    """`count` distinct tokens drawn one after another from q, (V,): each from
+    q without the tokens drawn before it, renormalised (fewer if q has fewer
+    tokens). The children `tree_sampling` verifies."""
+    tokens, rest = [], q
+    for _ in range(min(count, int((q > 0).sum()))):
+        tokens.append(int(sample(rest, generator)))
+        rest = without(rest, tokens[-1])  # (V,)
+    return tokens
+
+
 class TreeDrafter:
     """Drafts token trees with a (small) GPT-2 and its KV cache."""
 
@@ -166,12 +177,7 @@ class TreeDrafter:
         if sampling.greedy:
             top = torch.topk(q, count)
             return list(zip(top.indices.tolist(), top.values.tolist()))
-        children, rest = [], q
-        for _ in range(min(count, int((q > 0).sum()))):
-            token = int(sample(rest, generator))
-            children.append((token, float(q[token])))
-            rest = without(rest, token)  # (V,)
-        return children
+        return [(token, float(q[token])) for token in draw_without_replacement(q, count, generator)]
 
     def level_counts(
         self, shape: TreeShape, depth: int, values: list[float], probs: torch.Tensor, budget: int
