@@ -113,6 +113,7 @@ class TreeDrafter:
         tokens, parents, values = [int(seq[0, S - 1])], [-1], [1.0]  # values: draft path probabilities
         rows: dict[int, torch.Tensor] = {}  # node -> the draft distribution its children come from
         level, calls, fed = [0], 1, 0
+        max_nodes = min(max_nodes, shape.max_nodes)
         for depth in range(1, min(shape.max_depth, max_depth) + 1):
             if depth > 1:  # feed the last level; its window reaches back over the levels cached before it
                 first, end = level[0], level[-1] + 1
