@@ -249,7 +249,7 @@ class SimulatedTreeDrafter(TreeDrafter):
             start + i < len(self.reference) and token == self.reference[start + i] for i, token in enumerate(path)
         )
         right = self.reference[position] if position < len(self.reference) else 0
-        rank, u = len(self.profile), float(torch.rand((), generator=self.coins))  # rank len(profile): none of them
+        rank, u = None, float(torch.rand((), generator=self.coins))  # None: the right token is none of them
         for r, cumulative in enumerate(torch.tensor(self.profile).cumsum(0).tolist()):
             if u < cumulative:
                 rank = r
