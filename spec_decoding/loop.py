@@ -17,7 +17,6 @@ up on what it has not seen the next time it drafts.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -28,18 +27,9 @@ from gpt2.sampling import SamplingConfig, logits_to_probs
 
 from .acceptance import speculative_sampling, speculative_sampling_greedy
 from .drafters import Draft, ModelDrafter
-from .stats import SpecStats
+from .stats import SpecStats, clock
 from .tree import TreeShape
-
-
-def clock(device: torch.device) -> float:
-    """Wall time in seconds, read after `device` has finished its queued work
-    (GPUs run ahead of Python: an unsynchronised clock times the launch only)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-    return time.perf_counter()
+from .tree_loop import tree_speculative_generate
 
 
 @torch.inference_mode()
@@ -96,11 +86,9 @@ def speculative_generate(
             window, batch size > 1, a draft or target of the wrong type, or
             draft and target with different vocabularies.
     """
-    if tree is not None:  # a token tree: tree_loop.py (which imports this module, hence the late import)
+    if tree is not None:  # a token tree: tree_loop.py
         if gamma is not None:
             raise ValueError("give gamma (a chain of drafted tokens) or tree (a token tree), not both")
-        from .tree_loop import tree_speculative_generate
-
         return tree_speculative_generate(
             target, draft, input_ids, tree=tree, max_new_tokens=max_new_tokens, temperature=temperature,
             top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator, on_step=on_step, stats=stats,

@@ -9,11 +9,15 @@ on average E(α, γ) tokens (eq. 1), and speculative decoding is faster than
 plain decoding by the improvement factor of Theorem 3.8. `SpecStats.alpha` is
 that α, estimated from a run; `predicted_speedup` generalises the factor to a
 verification pass that costs t_v(γ + 1) instead of one target step.
+`clock` is the wall clock the decoding loops time their phases with.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
+
+import torch
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -177,3 +181,13 @@ class SpecStats:
         d["tokens_per_target_call"] = self.tokens_per_target_call
         d["position_acceptance"] = [None if r != r else r for r in self.position_acceptance]  # NaN -> null
         return d
+
+
+def clock(device: torch.device) -> float:
+    """Wall time in seconds, read after `device` has finished its queued work
+    (GPUs run ahead of Python: an unsynchronised clock times the launch only)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+    return time.perf_counter()

@@ -26,8 +26,7 @@ from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs
 
 from .drafters import ModelDrafter
-from .loop import clock
-from .stats import SpecStats
+from .stats import SpecStats, clock
 from .tree import TokenTree, TreeShape
 from .tree_acceptance import TreeVerdict, tree_greedy, tree_sampling
 from .tree_drafting import TreeDraft, TreeDrafter
