@@ -50,7 +50,7 @@ TREES = ("2", "3", "4", "2,1", "3,1", "4,1", "2,2", "3,2", "2,1,1", "3,1,1", "2,
 R_K_REPORTED = (2, 4, 8, 16, 32)
 # The noisy pair: a small GPT-2 with peaked random weights, and its copy plus weight noise.
 NOISY_TARGET = GPT2Config(n_layer=4, n_head=4, n_embd=128, n_ctx=1024, vocab_size=4096)
-NOISY_STD, NOISY_SCALE = 0.4, 0.06
+NOISY_STD, NOISY_SCALE = 0.2, 0.01
 
 
 def say(message: str) -> None:
@@ -356,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         profiles, plans = {}, {}
         for profile in args.profiles.split(","):
             a = PROFILES[profile]
-            configs = {f"chain gamma {g}": {"kind": "chain", "gamma": g, **predict_chain(g, a[0], costs)} for g in CHAINS}
+            configs = {f"chain gamma {g}": {"kind": "chain", "gamma": g, **predict_chain(g, a[0], costs)}
+                       for g in CHAINS}
             for name, tree in shapes.items():
                 levels = profile_tree(SimulatedTreeDrafter(draft, prompt, a), tree)
                 configs[f"tree {name}"] = {"kind": "tree", "shape": tree, **predict_tree(levels, a, costs)}
