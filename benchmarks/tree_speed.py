@@ -60,7 +60,7 @@ def say(message: str) -> None:
 def parse_shape(text: str) -> TreeShape:
     """"3,2,1" or "nodes 16 depth 5"."""
     words = text.split()
-    if len(words) == 4 and words[0] == "nodes" and words[2] == "depth":
+    if len(words) == 4 and words[0] == "nodes" and words[2] == "depth" and words[1].isdigit() and words[3].isdigit():
         return TreeShape(nodes=int(words[1]), depth=int(words[3]))
     return TreeShape.parse(text)
 
@@ -87,8 +87,8 @@ def binary_tree_mask(k: int) -> torch.Tensor:
 def measure_costs(target: GPT2, draft: GPT2, prompt: torch.Tensor, ks: list[int], widths: list[int],
                   repeats: int) -> dict:
     """r[k], r_tree[k] = t_v(k) / t_t (causal; a binary tree's mask) and
-    c[n] = (the draft's pass over a level of n nodes) / t_t, medians over
-    repeats of each repeat's ratios; t_t in seconds."""
+    c[n] = (the draft's pass over a level of n nodes) / t_t: medians over
+    repeats of ratios to a target step timed right before; t_t in seconds."""
     caches = {}
     for name, model in (("target", target), ("draft", draft)):
         caches[name] = model.new_cache(1)
@@ -104,22 +104,25 @@ def measure_costs(target: GPT2, draft: GPT2, prompt: torch.Tensor, ks: list[int]
             cache.rewind(P)
         return run
 
-    items = {("t", 1): pass_of("target", 1, None)}
-    items |= {("r", k): pass_of("target", k, None) for k in ks if k > 1}
+    step = pass_of("target", 1, None)
+    items = {("r", k): pass_of("target", k, None) for k in ks if k > 1}
     items |= {("r_tree", k): pass_of("target", k, binary_tree_mask(k)) for k in ks if k > 1}
     items |= {("c", n): pass_of("draft", n, torch.eye(n, dtype=torch.bool)) for n in widths}
-    samples = {key: [] for key in items}  # seconds
+    steps, ratios = [], {key: [] for key in items}
     for rep in range(repeats + 1):  # the first is a warm-up
-        order = list(items) if rep % 2 else list(items)[::-1]
-        got = {key: timed(items[key]) for key in order}
-        for key in items if rep else ():
-            samples[key].append(got[key])
-        say(f"  costs: repeat {rep}/{repeats}, t_t {got[('t', 1)] * 1e3:.0f} ms")
-    steps = samples.pop(("t", 1))
+        for key in list(items) if rep % 2 else list(items)[::-1]:
+            # Each pass is paired with a target step timed right before it: the
+            # machine's speed drifts within seconds, the ratio much less.
+            t_step = timed(step)
+            t = timed(items[key])
+            if rep:
+                steps.append(t_step)
+                ratios[key].append(t / t_step)
+        say(f"  costs: repeat {rep}/{repeats}, t_t {t_step * 1e3:.0f} ms")
     out = {"t_t_s": median(steps), "r": {1: 1.0}, "r_tree": {1: 1.0}, "c": {},
-           "samples": {"t_t": steps, **{f"{kind} {k}": s for (kind, k), s in samples.items()}}}
-    for (kind, k), s in samples.items():
-        out[kind][k] = median(t / t1 for t, t1 in zip(s, steps))  # the ratio within each repeat
+           "samples": {"t_t": steps, **{f"{kind} {k}": s for (kind, k), s in ratios.items()}}}
+    for (kind, k), s in ratios.items():
+        out[kind][k] = median(s)
     return out
 
 
@@ -186,48 +189,67 @@ def predict_chain(gamma: int, alpha: float, costs: dict) -> dict:
 
 def measure_profiles(target: GPT2, draft: GPT2, prompt: torch.Tensor, plans: dict[str, list[tuple[str, dict]]],
                      args: argparse.Namespace) -> dict:
-    """Runs plain greedy decoding and every planned config of every profile,
-    interleaved (reversed on odd repeats). Returns, per profile and config:
-    speedups (baseline / speculative seconds, per repeat) and the pooled stats."""
-    runs = [("baseline", None, None)] + [(profile, name, config) for profile, configs in plans.items()
-                                         for name, config in configs]
-    seconds = {(p, n): [] for p, n, _ in runs}
-    stats = {}
+    """Runs every planned config of every profile between two runs of plain
+    greedy decoding (B c1 B c2 B ... cn B; the configs reversed on odd
+    repeats), after a short warm-up of each. A config's speedup in a repeat
+    is the mean of the baselines around it over its own time. Returns, per
+    (profile, config): seconds, speedups, their median and the pooled
+    tokens per target call."""
+    runs = [(profile, name, config) for profile, configs in plans.items() for name, config in configs]
     reference = generate(target, prompt, args.new_tokens)  # the target's greedy continuation
-    for rep in range(args.repeats + 1):  # the first is a warm-up
-        for profile, name, config in runs if rep % 2 else runs[::-1]:
-            if profile == "baseline":
-                t = timed(lambda: generate(target, prompt, args.new_tokens))
-            else:
-                a = PROFILES[profile]
-                if config["kind"] == "chain":
-                    drafter = SimulatedDrafter(draft, reference, a[0], seed=rep)
-                    how = {"gamma": config["gamma"]}
-                else:
-                    drafter = SimulatedTreeDrafter(draft, reference, a, seed=rep)
-                    how = {"tree": config["shape"]}
-                box = {}
-                t = timed(lambda: box.update(result=speculative_generate(
-                    target, drafter, prompt, max_new_tokens=args.new_tokens, **how)))
-                out, run_stats = box["result"]
-                assert out.tolist() == reference.tolist(), f"{profile} {name}: not the target's greedy output"
-                if rep:
-                    stats.setdefault((profile, name), []).append(run_stats)
-            if rep:
-                seconds[(profile, name)].append(t)
-        say(f"  runs: repeat {rep}/{args.repeats}, baseline {seconds[('baseline', None)][-1:] or '(warm-up)'} s")
-    base = seconds.pop(("baseline", None))
-    result = {"baseline_s": base}
-    for (profile, name), s in seconds.items():
-        pooled = stats[(profile, name)]
-        result[(profile, name)] = {
-            "seconds": s,
-            "speedups": [b / t for b, t in zip(base, s)],
-            "speedup": median(b / t for b, t in zip(base, s)),
+
+    def run(profile: str, config: dict, new_tokens: int, seed: int):
+        a = PROFILES[profile]
+        if config["kind"] == "chain":
+            drafter, how = SimulatedDrafter(draft, reference, a[0], seed=seed), {"gamma": config["gamma"]}
+        else:
+            drafter, how = SimulatedTreeDrafter(draft, reference, a, seed=seed), {"tree": config["shape"]}
+        return speculative_generate(target, drafter, prompt, max_new_tokens=new_tokens, **how)
+
+    def baseline() -> float:
+        return timed(lambda: generate(target, prompt, args.new_tokens))
+
+    for profile, _, config in runs:  # warm-up: first calls allocate and touch everything
+        run(profile, config, 4, seed=0)
+    baselines, seconds, stats = [], {(p, n): [] for p, n, _ in runs}, {(p, n): [] for p, n, _ in runs}
+    for rep in range(args.repeats):
+        before = baseline()
+        baselines.append(before)
+        for profile, name, config in runs if rep % 2 == 0 else runs[::-1]:
+            box = {}
+            t = timed(lambda: box.update(result=run(profile, config, args.new_tokens, seed=rep)))
+            out, run_stats = box["result"]
+            assert out.tolist() == reference.tolist(), f"{profile} {name}: not the target's greedy output"
+            after = baseline()
+            baselines.append(after)
+            seconds[(profile, name)].append(((before + after) / 2, t))
+            stats[(profile, name)].append(run_stats)
+            before = after
+        say(f"  runs: repeat {rep + 1}/{args.repeats}, baselines {', '.join(f'{b:.1f}' for b in baselines[-3:])} s ...")
+    result = {"baseline_s": baselines}
+    for key, pairs in seconds.items():
+        pooled = stats[key]
+        result[key] = {
+            "seconds": [t for _, t in pairs],
+            "speedups": [b / t for b, t in pairs],
+            "speedup": median(b / t for b, t in pairs),
             "tokens_per_call": sum(x.new_tokens for x in pooled) / sum(x.target_calls for x in pooled),
-            "alpha": median(x.alpha for x in pooled),
         }
     return result
+
+
+def compare_best(configs: dict[str, dict]) -> dict:
+    """The best measured chain and tree (by median speedup), and every
+    measured config against that chain: the median of per-repeat ratios."""
+    def best_of(kind: str) -> str:
+        measured = [n for n, c in configs.items() if c["kind"] == kind and "(the chain)" not in n]
+        return max(measured, key=lambda n: configs[n]["speedup"])
+
+    chain, tree = best_of("chain"), best_of("tree")
+    for c in configs.values():
+        c["vs_best_chain"] = median(x / y for x, y in zip(c["speedups"], configs[chain]["speedups"]))
+    return {"chain": chain, "tree": tree, "chain_speedup": configs[chain]["speedup"],
+            "tree_speedup": configs[tree]["speedup"], "tree_vs_chain": configs[tree]["vs_best_chain"]}
 
 
 def perturbed(model: GPT2, scale: float, seed: int) -> GPT2:
@@ -293,15 +315,16 @@ def report(payload: dict, env: dict, args: argparse.Namespace) -> str:
     lines += [markdown_table(["level of n nodes", "draft pass / t_t"], rows), ""]
     for profile, configs in payload["profiles"].items():
         lines += [f"## Profile {profile}: a = {PROFILES[profile]} (chains: alpha = {PROFILES[profile][0]})", ""]
-        best_chain = max((c["speedup"] for c in configs.values() if c["kind"] == "chain" and "speedup" in c),
-                         default=None)
         rows = []
         for name, c in sorted(configs.items(), key=lambda item: -item[1]["predicted"]):
-            measured = "speedup" in c
             rows.append([name, str(c["nodes"]), fmt(c["E"]), fmt(c.get("tokens_per_call")), fmt(c["predicted"]),
-                         fmt(c.get("speedup")), fmt(c["speedup"] / best_chain) if measured and best_chain else ""])
+                         fmt(c.get("speedup")), fmt(c.get("vs_best_chain"))])
         lines += [markdown_table(["config", "nodes", "E (theory)", "tokens / call", "predicted", "measured",
                                   "vs best chain"], rows), ""]
+        best = payload["best"][profile]
+        lines += [f"Best measured: {best['tree']} at {fmt(best['tree_speedup'])}x, {best['chain']} at "
+                  f"{fmt(best['chain_speedup'])}x: the tree is {fmt(best['tree_vs_chain'])}x the chain (median of "
+                  "per-repeat ratios).", ""]
     lines += ["## A real acceptance process: the noisy pair", "",
               f"- target: {NOISY_TARGET.n_layer} layers, C = {NOISY_TARGET.n_embd}, V = {NOISY_TARGET.vocab_size}, "
               f"N(0, {NOISY_STD}) weights; draft: the target + N(0, {NOISY_SCALE}) on every matrix; "
@@ -313,6 +336,13 @@ def report(payload: dict, env: dict, args: argparse.Namespace) -> str:
                      fmt(s["tokens_per_call"]), fmt(s["predicted_at_large_costs"])])
     lines += [markdown_table(["config", "alpha (greedy)", "tokens / call", "predicted", "tokens / call (T = 1)",
                               "predicted (T = 1)"], rows), ""]
+    for label in ("greedy", "sampled"):
+        results = payload["noisy"][label]
+        best = {kind: max((n for n in results if n.startswith(kind)),
+                          key=lambda n: results[n]["predicted_at_large_costs"]) for kind in ("chain", "tree")}
+        chain, tree = (results[best[kind]]["predicted_at_large_costs"] for kind in ("chain", "tree"))
+        lines += [f"Noisy pair, {label}: best chain {best['chain']} ({fmt(chain)}x), best tree {best['tree']} "
+                  f"({fmt(tree)}x): the tree is {fmt(tree / chain)}x the chain (predicted at the costs above).", ""]
     return "\n".join(lines)
 
 
@@ -325,18 +355,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", default="gpt2")
     parser.add_argument("--tiny", action="store_true", help="tiny random models (a smoke run)")
     parser.add_argument("--prefix", type=int, default=64, help="prompt tokens")
-    parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of the decoding runs")
+    parser.add_argument("--cost-repeats", type=int, default=5, help="repeats of the cost measurements")
     parser.add_argument("--measure", type=int, default=2, help="best predicted chains and trees run per profile")
     parser.add_argument("--profiles", default="strong,weak", help=f"of {', '.join(PROFILES)}")
     parser.add_argument("--noisy-prompts", type=int, default=8)
+    parser.add_argument("--max-gamma", type=int, default=max(CHAINS), help="chains gamma = 1..this")
+    parser.add_argument("--trees", nargs="+", default=list(TREES),
+                        help='tree shapes: "3,2,1" or "nodes 16 depth 5" (default: a set of 20)')
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     for name in args.profiles.split(","):
         if name not in PROFILES:
             raise ValueError(f"unknown profile {name!r}: pick from {', '.join(PROFILES)}")
-    if min(args.prefix, args.new_tokens, args.repeats, args.measure, args.noisy_prompts) < 1:
-        raise ValueError("--prefix, --new-tokens, --repeats, --measure and --noisy-prompts must be >= 1")
+    if min(args.prefix, args.new_tokens, args.repeats, args.cost_repeats, args.measure, args.noisy_prompts,
+           args.max_gamma) < 1:
+        raise ValueError("--prefix, --new-tokens, --repeats, --cost-repeats, --measure, --noisy-prompts and "
+                         "--max-gamma must be >= 1")
+    shapes = {name: parse_shape(name) for name in args.trees}
+    chains = range(1, args.max_gamma + 1)
     if args.tiny:
         args.target, args.draft = "tiny", "tiny-draft"
     target = random_model(shape(args.target), device=CPU, dtype=torch.float32, seed=0)
@@ -347,17 +385,16 @@ def main(argv: list[str] | None = None) -> int:
 
     with torch.inference_mode():
         say("costs ...")
-        shapes = {name: parse_shape(name) for name in TREES}
         widest = max(max(len(level) for level in profile_tree(SimulatedTreeDrafter(draft, prompt, (1.0,)), s))
                      for s in shapes.values())
-        ks = sorted({*range(1, 13), 16, 20, 24, 32} | set(R_K_REPORTED))
-        costs = measure_costs(target, draft, prompt, ks, sorted({*range(1, 9), widest}), args.repeats)
+        ks = sorted({*range(1, 11), 12, 16, 20, 24, 32} | set(R_K_REPORTED))
+        costs = measure_costs(target, draft, prompt, ks, sorted({*range(1, 9), widest}), args.cost_repeats)
 
         profiles, plans = {}, {}
         for profile in args.profiles.split(","):
             a = PROFILES[profile]
             configs = {f"chain gamma {g}": {"kind": "chain", "gamma": g, **predict_chain(g, a[0], costs)}
-                       for g in CHAINS}
+                       for g in chains}
             for name, tree in shapes.items():
                 levels = profile_tree(SimulatedTreeDrafter(draft, prompt, a), tree)
                 configs[f"tree {name}"] = {"kind": "tree", "shape": tree, **predict_tree(levels, a, costs)}
@@ -366,16 +403,21 @@ def main(argv: list[str] | None = None) -> int:
             for kind in ("chain", "tree"):
                 ranked = sorted((c["predicted"], name) for name, c in configs.items() if c["kind"] == kind)
                 chosen += [name for _, name in ranked[::-1][: args.measure]]
-            best_gamma = max(CHAINS, key=lambda g: configs[f"chain gamma {g}"]["predicted"])
-            as_tree = f"tree {','.join(['1'] * best_gamma)} (the chain)"
-            configs[as_tree] = {"kind": "tree", "shape": TreeShape(branching=(1,) * best_gamma),
-                                **predict_chain(best_gamma, a[0], costs)}
-            plans[profile] = [(name, configs[name]) for name in chosen + [as_tree]]
+            plans[profile] = [(name, configs[name]) for name in chosen]
+        # The best predicted chain of the first profile again, run by the tree loop: is it slower?
+        first = args.profiles.split(",")[0]
+        best_gamma = max(chains, key=lambda g: profiles[first][f"chain gamma {g}"]["predicted"])
+        as_tree = f"tree {','.join(['1'] * best_gamma)} (the chain)"
+        profiles[first][as_tree] = {"kind": "tree", "shape": TreeShape(branching=(1,) * best_gamma),
+                                    **predict_chain(best_gamma, PROFILES[first][0], costs)}
+        plans[first].append((as_tree, profiles[first][as_tree]))
         say(f"runs: {sum(len(p) for p in plans.values())} configs and the baseline ...")
         measured = measure_profiles(target, draft, prompt, plans, args)
+        best = {}
         for profile, configs in plans.items():
             for name, config in configs:
                 config.update(measured[(profile, name)])
+            best[profile] = compare_best(dict(configs))
 
         say("noisy pair ...")
         candidates = {name: c for name, c in profiles["weak" if "weak" in profiles else args.profiles.split(",")[0]]
@@ -388,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline_s": measured["baseline_s"],
         "profiles": {p: {n: {k: v for k, v in c.items() if k != "shape"} for n, c in configs.items()}
                      for p, configs in profiles.items()},
+        "best": best,
         "noisy": {label: {name: noisy[(t, name)] for name in candidates}
                   for t, label in ((0.0, "greedy"), (1.0, "sampled"))},
     }

@@ -67,6 +67,7 @@ class TreeDrafter:
     def __init__(self, draft: GPT2 | ModelDrafter) -> None:
         self.chain = draft if isinstance(draft, ModelDrafter) else ModelDrafter(draft)  # prefill, limits, cache
         self.model, self.cache = self.chain.model, self.chain.cache
+        self.committed = 0  # the committed length of the sequence being drafted for
 
     @property
     def vocab_size(self) -> int:
