@@ -75,6 +75,11 @@ def tree_speculative_generate(
     sampling = SamplingConfig(temperature, top_k, top_p)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_model(target, "target")
+    if isinstance(draft, ModelDrafter) and type(draft) is not ModelDrafter:  # its own way to pick a chain's tokens
+        raise ValueError(
+            f"a {type(draft).__name__} drafts chains: for a tree pass the GPT2 draft model, or a "
+            "SimulatedTreeDrafter to simulate acceptance"
+        )
     if isinstance(draft, (GPT2, ModelDrafter)):
         draft = TreeDrafter(draft)
     if not isinstance(draft, TreeDrafter):

@@ -19,7 +19,14 @@ import torch
 
 import gpt2.fast
 from gpt2 import GPT2, GPT2Config, generate
-from spec_decoding import SimulatedTreeDrafter, SpecStats, TreeShape, speculative_generate, tree_speculative_generate
+from spec_decoding import (
+    SimulatedDrafter,
+    SimulatedTreeDrafter,
+    SpecStats,
+    TreeShape,
+    speculative_generate,
+    tree_speculative_generate,
+)
 from helpers import ForwardRecorder, perturbed_copy, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -254,6 +261,9 @@ def test_the_simulated_tree_drafter_refuses_bad_settings(models):
     drafter = SimulatedTreeDrafter(drafts["unrelated"], reference, (0.5,))
     with pytest.raises(ValueError, match="greedy decoding only"):
         speculative_generate(target, drafter, prompt(), tree="2", max_new_tokens=4, temperature=1.0)
+    with pytest.raises(ValueError, match="a SimulatedDrafter drafts chains: .* SimulatedTreeDrafter"):
+        speculative_generate(target, SimulatedDrafter(drafts["unrelated"], reference, 0.5), prompt(), tree="2",
+                             max_new_tokens=4)
 
 
 # ---------------------------------------------------------------------------
