@@ -190,9 +190,9 @@ def test_help_documents_every_option_and_its_default(tmp_path):
     result = run_cli(tmp_path, "--help")
     assert_ok(result)
     for option in (
-        "--prompt", "--gamma", "--tree", "--tree-nodes", "--tree-depth", "--show-tree", "--max-gen", "--temperature", "--top-k", "--top-p", "--seed", "--draft",
-        "--target", "--device", "--dtype", "--quantize", "--weights-dir", "--compare", "--json", "--no-color",
-        "--debug",
+        "--prompt", "--gamma", "--tree", "--tree-nodes", "--tree-depth", "--show-tree", "--max-gen", "--temperature",
+        "--top-k", "--top-p", "--seed", "--draft", "--target", "--device", "--dtype", "--quantize", "--weights-dir",
+        "--compare", "--json", "--no-color", "--debug",
     ):
         assert option in result.stdout, option
     for default in ("default: 4", "default: 100", "default: gpt2)", "default: gpt2-large", "default: auto",
@@ -237,8 +237,8 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
     assert out["settings"] == {
         "draft": str(folders["draft"]), "target": str(folders["target"]),
         "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
-        "gamma": 4, "tree": None, "max_gen": 20, "temperature": 0.0, "greedy": True, "top_k": None, "top_p": None, "seed": 0,
-        "device": "cpu", "dtype": "float32", "quantize": None, "eos_id": 50256,
+        "gamma": 4, "tree": None, "max_gen": 20, "temperature": 0.0, "greedy": True, "top_k": None, "top_p": None,
+        "seed": 0, "device": "cpu", "dtype": "float32", "quantize": None, "eos_id": 50256,
     }
     stats = out["stats"]
     assert stats["new_tokens"] == 20 and stats["gamma"] == 4
