@@ -1,83 +1,54 @@
-"""Decode speed of the hand-written GPT-2: one decode step, the verification of
-k tokens in one forward pass, and prefill, beside `transformers`' GPT-2 with
-the same weights and beside the memory-bandwidth bound.
+"""Decode speed of the hand-written GPT-2 beside transformers' GPT-2 (the same
+weights) and the memory-bandwidth bound: prefill, one decode step (t_step)
+and one pass over k new tokens (t_v(k)), on a KV cache of --prefix tokens,
+random weights, fp32, batch 1. r_k = t_v(k) / t_step is the cost of
+verifying gamma = k - 1 drafts: speculative decoding pays only while it stays
+near 1 (Leviathan et al. 2023). --tree-mask also times each k with a token
+tree's mask; --busy N keeps N cores busy in every other phase, for every
+figure and the simulated alpha 0.8, gamma 4 speedup quiet and loaded.
 
-What is timed, for each model shape (random weights, fp32, batch 1), on top of
-a KV cache holding a --prefix-token prompt:
-- prefill: the prompt in one forward pass, logits of the last position only
-  (as `gpt2.generate` does it);
-- t_step: one new token, the cost of one step of plain decoding;
-- t_v(k), k = 2..9: k new tokens in one forward pass with logits for all k,
-  the cost of verifying gamma = k - 1 drafted tokens (Leviathan et al. 2023:
-  speculative decoding pays off only if t_v(gamma + 1) is close to t_step);
-  r_k = t_v(k) / t_step, the median over the repeats of the ratio of the two
-  calls of one repeat (seconds apart): this machine's speed drifts between
-  repeats, and the ratio of two medians can then pair a fast-phase step
-  with a slow-phase verification (once 1.46 where every phase gave ~1.2);
-- t_step and t_v(5) again with a long context (prefix + --long positions,
-  its own cache, timed in the same repeats), so that attention over the
-  cache and the cache writes show if they cost much;
-- the bandwidth bound: the bytes one step must read (every weight matrix,
-  the tied LM head included, once; plus the cached keys and values) / the
-  machine's read bandwidth, measured by summing a --bandwidth-mib tensor
-  right before and right after every timed decode step. Each step is set
-  against the bandwidth sampled around it: the bandwidth of a shared
-  machine drifts within seconds (30 to 56 GB/s here), and a probe taken
-  apart from the calls it bounds once gave "122% of the bound".
+    python -m benchmarks.decode_speed                      # gpt2 and gpt2-large shapes
+    python -m benchmarks.decode_speed --models gpt2-large --tree-mask --readable --int8
+    python -m benchmarks.decode_speed --models gpt2-large --busy 1 --repeats 5
 
-How: every repeat runs each implementation in turn (in reversed order on odd
-repeats), after --warmup uncounted repeats; the tables show medians. After each
-timed call the cache goes back to the prefix (ours: `KVCache.rewind`;
-transformers: `DynamicCache.crop(-k)`), so every call sees the same context.
-The two models are checked to give the same logits before anything is timed.
-
-Usage:
-    python -m benchmarks.decode_speed                        # gpt2 and gpt2-large shapes
-    python benchmarks/decode_speed.py --models gpt2 --repeats 5 --no-transformers
-    python -m benchmarks.decode_speed --module-blocks --plain-attention --plain-linear   # and without each speed trick
-    python -m benchmarks.decode_speed --int8 --no-transformers   # and with int8 weights (gpt2/quantize.py)
-
-Outputs (in --out, default benchmarks/results/decode_speed-<UTC time>/):
-decode_speed.md (the tables, with the environment header) and
-decode_speed.json (the same with every sample).
+Outputs (--out, default benchmarks/results/decode_speed-<UTC time>/):
+decode_speed.md (the tables, with the environment header), decode_speed.json (every sample).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as `python benchmarks/decode_speed.py`: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import argparse
+import atexit
 import contextlib
+import functools
 import gc
+import os
 import shlex
-from collections.abc import Callable
+import subprocess
+import sys
+import time
+from statistics import median
 
 import torch
 
-from benchmarks.common import (
-    clock,
-    environment,
-    environment_lines,
-    markdown_table,
-    median,
-    random_model,
-    results_dir,
-    run_cli,
-    write_json,
-)
-from gpt2 import GPT2, KVCache, preset
-from gpt2 import linear as gpt2_linear
-from gpt2.attention import plain_attention
-from gpt2.block_loop import module_blocks
+from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
+from benchmarks.common import shape, write_json
+from gpt2 import GPT2, fast, generate
+from spec_decoding import SimulatedDrafter, speculative_generate
+from spec_decoding.loop import clock
 
 CPU = torch.device("cpu")
-INT8_LABEL = "ours, int8 weights"
 DTYPE = torch.float32
 LONG_K = 5  # the verification length timed at the long context (gamma = 4)
+MAX_K = 64  # the longest verification --ks may ask for
+SIM_ALPHA, SIM_GAMMA = 0.8, 4  # the simulated speculative run of --busy
+# A spinner: a tight Python loop that ends by itself once its parent is gone.
+SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    for _ in range(10**6): pass\n"
+SETTLE_S = 0.2  # after starting the spinners, before timing
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -90,264 +61,310 @@ class BandwidthProbe:
 
     def __init__(self, mib: int) -> None:
         self.x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)  # every page touched before timing
-        self.x.sum()
 
     def sample(self) -> float:
-        t0 = clock(CPU)
-        self.x.sum()
-        return self.x.numel() * 4 / (clock(CPU) - t0)
+        return self.x.numel() * 4 / timed(self.x.sum)
 
 
-def step_weight_bytes(model: GPT2) -> int:
+class Spinners:
+    """`n` processes that keep a core busy each, started and stopped around a
+    loaded phase; stopped at exit whatever happens, and each ends by itself
+    if this process dies."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.processes: list[subprocess.Popen] = []
+        atexit.register(self.stop)
+
+    @contextlib.contextmanager
+    def running(self, busy: bool):
+        if busy:
+            self.processes = [subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())])
+                              for _ in range(self.n)]
+            time.sleep(SETTLE_S)
+        try:
+            yield
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        for p in self.processes:
+            p.kill()
+            p.wait()
+        self.processes = []
+
+
+def weight_bytes(model: GPT2, int8: bool) -> int:
     """Bytes of weights one decode step reads: every parameter once (the LM
-    head is the tied wte), except the position table wpe, of which it reads
-    one row; a weight matrix the kernel reads as int8 (gpt2/quantize.py)
-    counts its int8 levels and its rows' float32 scales."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())  # tied wte counted once
-    for w in model.matrix_weights():
-        packed = gpt2_linear.packed_weight(w) if gpt2_linear.kernel_takes(w) else None
-        if packed is not None and packed.scale is not None:  # read as int8: 1 byte a weight, plus the scales
+    head is the tied wte) but one row of the position table wpe; a weight
+    matrix read as int8 (`int8`: the fast path of a quantised model) as 1 byte
+    a weight plus its rows' float32 scales."""
+    params = dict(model.named_parameters())  # the tied wte once
+    total = sum(p.numel() * p.element_size() for p in params.values())
+    for name, packed in model.accelerator.packed.items() if int8 else ():
+        if packed.scale is not None:
+            w = params[name]
             total -= w.numel() * w.element_size() - (w.numel() + packed.scale.numel() * packed.scale.element_size())
     wpe = model.wpe.weight
-    return total - wpe.numel() * wpe.element_size() + wpe.size(1) * wpe.element_size()
+    return total - (wpe.size(0) - 1) * wpe.size(1) * wpe.element_size()
 
 
-def step_bytes(model: GPT2, context: int) -> int:
-    """Bytes one decode step must read with `context` positions already cached:
-    the weights, plus the keys and values of every layer at the context
-    positions and the new one (B = 1)."""
+def step_bytes(model: GPT2, context: int, int8: bool) -> int:
+    """Bytes one decode step must read with `context` positions cached: the
+    weights, and the keys and values of every layer at context + 1 positions."""
     c = model.config
-    kv = 2 * c.n_layer * (context + 1) * c.n_embd * model.dtype.itemsize  # (k, v) x layers x positions x C
-    return step_weight_bytes(model) + kv
+    return weight_bytes(model, int8) + 2 * c.n_layer * (context + 1) * c.n_embd * model.dtype.itemsize
+
+
+@functools.cache
+def tree_mask(k: int) -> torch.Tensor:
+    """(k, k) bool ancestor mask of a binary token tree in breadth-first order:
+    node i's parent is (i - 1) // 2; mask[i, j] = j is i or an ancestor of i."""
+    mask = torch.eye(k, dtype=torch.bool)  # (k, k)
+    for i in range(1, k):
+        mask[i] |= mask[(i - 1) // 2]  # the parent's ancestors, and i itself
+    return mask
 
 
 class OursRunner:
-    """Our GPT-2 with its preallocated KV caches, one per context length.
+    """Our GPT-2 with a KV cache per context slot: the fast path it was given,
+    or (`readable`) the same model with `model.accelerator = None`; `tree`:
+    verification passes take `tree_mask(k)`."""
 
-    Args:
-        model: the model.
-        plain: "linear": every matrix product through F.linear and attention
-            through SDPA (`gpt2.linear.plain_linear`: the readable path);
-            "attention": attention through SDPA (`plain_attention`), the
-            linear kernel kept, so through the Block modules;
-            "blocks": the kernels, called from the Block modules one by one
-            instead of the one-call block loop (`module_blocks`);
-            None: the fast paths. To show what each speed trick buys.
-        label: the report's name for it (default: from `plain`).
-    """
+    def __init__(self, model: GPT2, label: str = "ours", *, readable: bool = False, tree: bool = False) -> None:
+        self.model, self.name, self.readable, self.tree = model, label, readable, tree
+        self.label = label + (", readable" if readable else "") + (", tree mask" if tree else "")
+        self.int8 = not readable and getattr(model.accelerator, "int8", False)  # the kernels read int8 weights
+        self.caches = {}
 
-    LABELS = {
-        None: "ours",
-        "blocks": "ours, Block modules",
-        "attention": "ours, SDPA attention",
-        "linear": "ours, F.linear + SDPA",
-    }
+    def twin(self, *, readable: bool, tree: bool) -> OursRunner:
+        return OursRunner(self.model, self.name, readable=readable, tree=tree)
 
-    def __init__(self, model: GPT2, *, plain: str | None = None, label: str | None = None) -> None:
-        self.model = model
-        self.plain = plain
-        self.label = label or self.LABELS[plain]
-        self.caches: dict[str, KVCache] = {}
-
-    def context(self):
-        if self.plain == "linear":
-            return gpt2_linear.plain_linear()
-        if self.plain == "attention":
-            return plain_attention()
-        if self.plain == "blocks":
-            return module_blocks()
-        return contextlib.nullcontext()
+    def forward(self, tokens: torch.Tensor, cache, **kwargs) -> torch.Tensor:
+        accelerator = self.model.accelerator
+        if self.readable:
+            self.model.accelerator = None
+        try:
+            return self.model(tokens, cache, **kwargs)
+        finally:
+            self.model.accelerator = accelerator
 
     def prefill(self, prompt: torch.Tensor, slot: str) -> None:
         """Empties cache `slot` and fills it with `prompt` (1, P)."""
-        if slot not in self.caches:
-            self.caches[slot] = self.model.new_cache(1)
+        if slot not in self.caches:  # room for the prompt and the longest verification, not n_ctx
+            self.caches[slot] = self.model.new_cache(1, capacity=min(prompt.size(1) + MAX_K, self.model.config.n_ctx))
         cache = self.caches[slot]
         cache.rewind(0)
-        with self.context():
-            self.model(prompt, cache, last_logits_only=True)
+        self.forward(prompt, cache, last_logits_only=True)
 
     def verify(self, tokens: torch.Tensor, slot: str) -> torch.Tensor:
-        """Logits (1, k, V) of `tokens` (1, k) on top of cache `slot`; the cache is then rewound."""
+        """Logits (1, k, V) of `tokens` (1, k) on top of cache `slot`, which is then rewound."""
         cache = self.caches[slot]
-        P = cache.length
-        with self.context():
-            logits = self.model(tokens, cache)
+        P, k = cache.length, tokens.size(1)
+        logits = self.forward(tokens, cache, mask=tree_mask(k) if self.tree and k > 1 else None)
         cache.rewind(P)
         return logits
 
 
 class TransformersRunner:
-    """transformers' GPT2LMHeadModel with a DynamicCache (its default cache) per context length."""
+    """transformers' GPT2LMHeadModel with a DynamicCache (its default) per context slot."""
 
-    label = "transformers"
+    label, int8, tree = "transformers", False, False
 
-    def __init__(self, hf_model) -> None:
+    def __init__(self, model: GPT2) -> None:
         from transformers import DynamicCache  # a benchmark-only dependency
 
-        self.hf_model = hf_model
-        self.new_cache = DynamicCache
-        self.caches: dict = {}
+        from benchmarks.hf_peer import to_transformers
+
+        self.model = model  # whose weights it holds a copy of
+        self.hf_model, self.new_cache, self.caches = to_transformers(model), DynamicCache, {}
 
     def prefill(self, prompt: torch.Tensor, slot: str) -> None:
         self.caches[slot] = self.new_cache()
-        self.hf_model(prompt, past_key_values=self.caches[slot], use_cache=True, logits_to_keep=1)
+        # The cache goes second, by position: `past_key_values` before transformers 5.x renamed it `cache`.
+        self.hf_model(prompt, self.caches[slot], use_cache=True, logits_to_keep=1)
 
     def verify(self, tokens: torch.Tensor, slot: str) -> torch.Tensor:
         cache = self.caches[slot]
-        logits = self.hf_model(tokens, past_key_values=cache, use_cache=True).logits  # (1, k, V)
-        cache.crop(-tokens.size(1))  # a negative count drops that many positions (transformers 4.x and 5.x)
+        logits = self.hf_model(tokens, cache, use_cache=True).logits  # (1, k, V)
+        cache.crop(-tokens.size(1))  # a negative count drops that many positions
         return logits
 
 
-def timed(fn: Callable[..., object], *args) -> float:
+def timed(fn, *args) -> float:
     """Seconds that `fn(*args)` takes."""
     t0 = clock(CPU)
     fn(*args)
     return clock(CPU) - t0
 
 
-def time_interleaved(
-    runners: list, prompts: dict[str, torch.Tensor], drafts: torch.Tensor, ks: dict[str, list[int]], *,
-    warmup: int, repeats: int, probe: BandwidthProbe,
-) -> dict[str, dict[str, list[float]]]:
-    """Samples per runner label: "prefill" (of prompts["short"]), "<slot> k=<k>"
-    for every slot (context) and k in ks[slot] (s), and "<slot> bandwidth"
-    (bytes/s) for every slot.
+def one_turn(r, prompts: dict[str, torch.Tensor], drafts: torch.Tensor, ks: dict[str, list[int]],
+             probe: BandwidthProbe) -> dict[str, float]:
+    """One repeat of runner `r`: "<slot> k=1", each decode step between two
+    bandwidth samples ("<slot> bandwidth", their mean, bytes/s: a shared
+    machine's bandwidth drifts within seconds, so a step is set against the
+    bandwidth around it), then "prefill" and every "<slot> k=<k>" (seconds).
+    Each call leaves the cache at its context."""
+    got = {}
+    before = probe.sample()
+    for slot in prompts:
+        got[f"{slot} k=1"] = timed(r.verify, drafts[:, :1], slot)
+        after = probe.sample()
+        got[f"{slot} bandwidth"], before = (before + after) / 2, after
+    got["prefill"] = timed(r.prefill, prompts["short"], "short")  # leaves the prompt in the cache
+    for slot in prompts:
+        for k in ks[slot][1:]:
+            got[f"{slot} k={k}"] = timed(r.verify, drafts[:, :k], slot)
+    return got
 
-    Each repeat runs every runner in turn, reversed on odd repeats; the first
-    `warmup` repeats are not kept. A runner's turn starts with its decode
-    steps, one per slot, each between two bandwidth samples (the probe right
-    before and right after it: a shared machine's bandwidth drifts within
-    seconds); "<slot> bandwidth" is their mean. Then the prefill and the
-    verifications. Every slot's cache holds its prompt between calls."""
-    samples = {r.label: {} for r in runners}
-    slots = list(prompts)
+
+def time_interleaved(runners: list, prompts: dict[str, torch.Tensor], drafts: torch.Tensor,
+                     ks: dict[str, list[int]], args: argparse.Namespace, probe: BandwidthProbe,
+                     spinners: Spinners) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """samples[phase][runner label][key] (keys: see `one_turn`). Each repeat
+    has a quiet phase and, with spinners, a loaded one; in each, every runner
+    takes its turn. The order of both is reversed on odd repeats, so slow
+    drift cancels; the first --warmup repeats are dropped."""
+    phases = ["quiet", "loaded"] if spinners.n else ["quiet"]
+    samples = {phase: {r.label: {} for r in runners} for phase in phases}
     for r in runners:
-        for slot in slots:
-            r.prefill(prompts[slot], slot)
-    for rep in range(warmup + repeats):
-        order = runners if rep % 2 == 0 else runners[::-1]
-        for r in order:
-            got = {}
-            before = probe.sample()
-            for slot in slots:
-                got[f"{slot} k=1"] = timed(r.verify, drafts[:, :1], slot)
-                after = probe.sample()
-                got[f"{slot} bandwidth"] = (before + after) / 2
-                before = after
-            got["prefill"] = timed(r.prefill, prompts["short"], "short")  # leaves the prompt in the cache
-            for slot in slots:
-                for k in ks[slot]:
-                    if k > 1:
-                        got[f"{slot} k={k}"] = timed(r.verify, drafts[:, :k], slot)
-            if rep >= warmup:
-                for key, value in got.items():
-                    samples[r.label].setdefault(key, []).append(value)
+        for slot, prompt in prompts.items():
+            r.prefill(prompt, slot)
+    for rep in range(args.warmup + args.repeats):
+        say(f"  repeat {rep + 1} of {args.warmup + args.repeats}" + (" (warm-up)" if rep < args.warmup else ""))
+        for phase in phases if rep % 2 == 0 else phases[::-1]:
+            with spinners.running(phase == "loaded"):
+                for r in runners if rep % 2 == 0 else runners[::-1]:
+                    got = one_turn(r, prompts, drafts, ks, probe)
+                    for key, value in got.items() if rep >= args.warmup else ():
+                        samples[phase][r.label].setdefault(key, []).append(value)
     return samples
 
 
-def check_same_logits(runners: list, prompt: torch.Tensor, drafts: torch.Tensor) -> dict[str, float]:
-    """Max abs difference of each runner's logits to the first runner's, on
-    `drafts` after `prompt`: timing two models that disagree would mean nothing."""
-    ref = None
-    diffs = {}
-    for r in runners:
-        r.prefill(prompt, "check")
-        logits = r.verify(drafts, "check")
-        if ref is None:
-            ref = logits
-        diffs[r.label] = (logits - ref).abs().max().item()
-    return diffs
+def summary(s: dict[str, list[float]], slot: str, ks: list[int], nbytes: int) -> dict:
+    """One runner's figures at one context from its samples `s`. r_k is the
+    median over repeats of t_v(k) / t_step within each repeat: a ratio of two
+    medians can pair calls from a fast and a slow phase of the machine."""
+    steps, bandwidth = s[f"{slot} k=1"], s[f"{slot} bandwidth"]
+    fractions = [nbytes / bw / t for bw, t in zip(bandwidth, steps)]  # each step against its own bound
+    verify = {k: median(s[f"{slot} k={k}"]) for k in ks[1:]}
+    return {
+        "step_bytes": nbytes,
+        "step_s": median(steps),
+        "verify_s": verify,
+        "read_bandwidth_bytes_per_s": median(bandwidth),
+        "bound_s": nbytes / median(bandwidth),
+        "fraction_of_bound": median(fractions),
+        "fraction_of_bound_samples": fractions,
+        "r": {k: median([t / t1 for t, t1 in zip(s[f"{slot} k={k}"], steps)]) for k in ks[1:]},  # paired
+        "r_of_medians": {k: t / median(steps) for k, t in verify.items()},
+    }
+
+
+def entry(s: dict[str, list[float]], ks: dict[str, list[int]], nbytes: dict[str, int]) -> dict:
+    """One runner's samples and figures, at every context slot."""
+    return {"samples": s, "prefill_s": median(s["prefill"]), **{slot: summary(s, slot, ks[slot], n)
+                                                                for slot, n in nbytes.items()}}
 
 
 # ---------------------------------------------------------------------------
-# One model shape
+# One model shape, and the simulated speedup
 # ---------------------------------------------------------------------------
 
 
-def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe) -> dict:
-    config = preset(name)
-    print(f"[{name}] building the model with random weights ...", file=sys.stderr, flush=True)
-    model = random_model(config, device=CPU, dtype=DTYPE, seed=args.seed)
+def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spinners: Spinners) -> dict:
+    config = shape(name)
+    say(f"[{name}] building the model with random weights ...")
+    model = random_model(config, seed=args.seed)
     runners: list = [OursRunner(model)]
-    int8_model = int8_runner = None
     if args.int8:
-        print(f"[{name}] the same weights quantised to int8 ...", file=sys.stderr, flush=True)
-        int8_model = random_model(config, device=CPU, dtype=DTYPE, seed=args.seed, quantize="int8")
-        int8_runner = OursRunner(int8_model, label=INT8_LABEL)
-        runners.append(int8_runner)
-    if args.module_blocks:
-        runners.append(OursRunner(model, plain="blocks"))
-    if args.plain_attention:
-        runners.append(OursRunner(model, plain="attention"))
-    if args.plain_linear:
-        runners.append(OursRunner(model, plain="linear"))
+        say(f"[{name}] the same weights quantised to int8 ...")
+        runners.append(OursRunner(random_model(config, seed=args.seed, quantize="int8"), "ours, int8 weights"))
+    if args.readable:
+        runners.append(runners[0].twin(readable=True, tree=False))
+    if args.tree_mask:
+        runners += [r.twin(readable=r.readable, tree=True) for r in runners]
     if not args.no_transformers:
-        from benchmarks.hf_peer import to_transformers
-
-        print(f"[{name}] copying the weights into transformers' GPT2LMHeadModel ...", file=sys.stderr, flush=True)
-        runners.append(TransformersRunner(to_transformers(model)))
+        say(f"[{name}] copying the weights into transformers' GPT2LMHeadModel ...")
+        runners.append(TransformersRunner(model))
 
     g = torch.Generator().manual_seed(args.seed)
-    V = config.vocab_size
-    prompt = torch.randint(V, (1, args.prefix), generator=g)  # (1, P)
-    drafts = torch.randint(V, (1, max(*args.ks, LONG_K)), generator=g)  # (1, max k)
-    long_prompt = torch.cat([prompt, torch.randint(V, (1, args.long), generator=g)], dim=1)  # (1, P + L)
-    if long_prompt.size(1) + drafts.size(1) > config.n_ctx:
-        raise ValueError(f"--prefix + --long + max(--ks) must fit the context window {config.n_ctx}")
-    prompts = {"short": prompt}
-    ks = {"short": [1] + list(args.ks)}
+    prompt = torch.randint(config.vocab_size, (1, args.prefix), generator=g)  # (1, P)
+    drafts = torch.randint(config.vocab_size, (1, max(*args.ks, LONG_K)), generator=g)  # (1, max k)
+    prompts, ks = {"short": prompt}, {"short": [1, *args.ks]}
     if args.long > 0:
-        prompts["long"], ks["long"] = long_prompt, [1, LONG_K]
+        prompts["long"] = torch.cat([prompt, torch.randint(config.vocab_size, (1, args.long), generator=g)], 1)
+        ks["long"] = [1, LONG_K]
+    if args.prefix + args.long + drafts.size(1) > config.n_ctx:
+        raise ValueError(f"--prefix + --long + max(--ks) must fit the context window {config.n_ctx}")
     contexts = {slot: p.size(1) for slot, p in prompts.items()}
 
     with torch.inference_mode():
-        diffs = check_same_logits([r for r in runners if r is not int8_runner], prompt, drafts)
-        if int8_runner is not None:  # another model: checked against itself on the readable path
-            readable = OursRunner(int8_model, plain="linear")
-            diffs[INT8_LABEL] = check_same_logits([readable, int8_runner], prompt, drafts)[INT8_LABEL]
-        print(f"[{name}] max |logits - ours|: {diffs}", file=sys.stderr, flush=True)
-        worst = max(diffs.values())
-        if worst > 1e-3:
-            raise AssertionError(f"the implementations disagree on {name} (max abs logit difference {worst:.3g})")
+        # Each implementation against the readable path of the same model and mask: timing wrong logits means nothing.
+        diffs = {}
         for r in runners:
-            r.caches.pop("check", None)
+            ref = OursRunner(r.model, getattr(r, "name", "ours"), readable=True, tree=r.tree)
+            for runner in (r, ref):
+                runner.prefill(prompt, "check")
+            diffs[r.label] = (r.verify(drafts, "check") - ref.verify(drafts, "check")).abs().max().item()
+            r.caches.pop("check")
+        say(f"[{name}] max |logits - readable path|: {diffs}")
+        if max(diffs.values()) > 1e-3:
+            raise AssertionError(f"the implementations disagree on {name}: {diffs}")
+        say(f"[{name}] timing prefill {args.prefix}, step and k = {args.ks} at {args.prefix}"
+            + (f", step and k = {LONG_K} at {contexts['long']}" if args.long else "")
+            + (f", quiet and with {spinners.n} busy core(s)" if spinners.n else "")
+            + f" ({args.warmup} warm-up + {args.repeats} repeats) ...")
+        samples = time_interleaved(runners, prompts, drafts, ks, args, probe, spinners)
 
-        long_part = f", step and k = {LONG_K} at {contexts['long']}" if "long" in contexts else ""
-        print(f"[{name}] timing prefill {args.prefix}, step and verification k = {args.ks} at context "
-              f"{args.prefix}{long_part} ({args.warmup} warm-up + {args.repeats} repeats) ...",
-              file=sys.stderr, flush=True)
-        samples = time_interleaved(runners, prompts, drafts, ks, warmup=args.warmup, repeats=args.repeats, probe=probe)
-
-    weight_bytes = step_weight_bytes(model)
-    result = {"model": name, "weight_bytes": weight_bytes, "max_abs_logit_diff": diffs, "contexts": contexts,
-              "step_bytes": {slot: step_bytes(model, P) for slot, P in contexts.items()}, "implementations": {}}
-    for r in runners:
-        s = samples[r.label]
-        entry = {"samples": s, "prefill_s": median(s["prefill"])}
-        for slot in prompts:
-            nbytes = step_bytes(int8_model, contexts[slot]) if r is int8_runner else result["step_bytes"][slot]
-            steps, bandwidth = s[f"{slot} k=1"], s[f"{slot} bandwidth"]
-            t_step = median(steps)
-            # Each step against the bound of the bandwidth sampled around it, then the median.
-            fractions = [nbytes / bw / t for bw, t in zip(bandwidth, steps)]
-            entry[slot] = {
-                "step_bytes": nbytes,
-                "step_s": t_step,
-                "verify_s": {k: median(s[f"{slot} k={k}"]) for k in ks[slot] if k > 1},
-                "read_bandwidth_bytes_per_s": median(bandwidth),
-                "bound_s": nbytes / median(bandwidth),
-                "fraction_of_bound": median(fractions),
-                "fraction_of_bound_samples": fractions,
-            }
-            # r_k paired within each repeat (see the module docstring); the ratio of the medians kept beside it
-            entry[slot]["r"] = {k: median([t / t1 for t, t1 in zip(s[f"{slot} k={k}"], steps)]) for k in ks[slot] if k > 1}
-            entry[slot]["r_of_medians"] = {k: t / t_step for k, t in entry[slot]["verify_s"].items()}
-        result["implementations"][r.label] = entry
-
-    del runners, model, int8_model, int8_runner
+    result = {"model": name, "weight_bytes": weight_bytes(model, False), "path": fast.status(model),
+              "max_abs_logit_diff": diffs, "contexts": contexts,
+              "step_bytes": {slot: step_bytes(model, P, False) for slot, P in contexts.items()}}
+    for phase, by_label in samples.items():
+        result["implementations" if phase == "quiet" else "loaded"] = {r.label: entry(
+            by_label[r.label], ks, {slot: step_bytes(r.model, P, r.int8) for slot, P in contexts.items()})
+            for r in runners}
+    del runners, model
     gc.collect()
+    return result
+
+
+def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
+    """Greedy speculative decoding of --gen tokens with a `SimulatedDrafter`
+    (alpha SIM_ALPHA, gamma SIM_GAMMA) against `generate`, quiet and loaded:
+    speedup = the median over repeats of baseline / speculative seconds in
+    the same phase of the same repeat."""
+    say(f"[speedup] {args.draft} -> {args.models[-1]}, simulated alpha {SIM_ALPHA}, gamma {SIM_GAMMA}, "
+        f"{args.gen} tokens, quiet and with {spinners.n} busy core(s) ...")
+    target = random_model(shape(args.models[-1]), seed=args.seed)
+    draft = random_model(shape(args.draft), seed=args.seed + 1)
+    g = torch.Generator().manual_seed(args.seed)
+    prompt = torch.randint(target.config.vocab_size, (1, args.prefix), generator=g)  # (1, P)
+    reference = generate(target, prompt, args.gen)  # (1, P + gen): what the simulated drafter copies
+    runs = {}
+
+    def speculative():
+        drafter = SimulatedDrafter(draft, reference, SIM_ALPHA, seed=args.seed)
+        out, runs["stats"] = speculative_generate(target, drafter, prompt, gamma=SIM_GAMMA, max_new_tokens=args.gen)
+        assert torch.equal(out, reference), "greedy speculative output must equal greedy decoding"
+
+    seconds = {phase: {"baseline": [], "speculative": []} for phase in ("quiet", "loaded")}
+    for rep in range(args.warmup + args.repeats):
+        for phase in ("quiet", "loaded") if rep % 2 == 0 else ("loaded", "quiet"):
+            with spinners.running(phase == "loaded"):
+                jobs = [("baseline", lambda: generate(target, prompt, args.gen)), ("speculative", speculative)]
+                for kind, job in jobs if rep % 2 == 0 else jobs[::-1]:
+                    t = timed(job)
+                    if rep >= args.warmup:
+                        seconds[phase][kind].append(t)
+    result = {"target": args.models[-1], "draft": args.draft, "alpha_sim": SIM_ALPHA, "gamma": SIM_GAMMA,
+              "new_tokens": args.gen, "alpha": runs["stats"].alpha,
+              "tokens_per_target_call": runs["stats"].tokens_per_target_call}
+    for phase, s in seconds.items():
+        speedups = [b / t for b, t in zip(s["baseline"], s["speculative"])]
+        result[phase] = {"speedup": median(speedups), "speedup_min": min(speedups), "speedup_max": max(speedups),
+                         "baseline_s": median(s["baseline"]), "speculative_s": median(s["speculative"]),
+                         "samples": s}
     return result
 
 
@@ -360,73 +377,85 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
-def report(results: list[dict], args: argparse.Namespace, env: dict) -> str:
-    k5 = 5 if 5 in args.ks else args.ks[0]
-    bandwidths = [bw for res in results for e in res["implementations"].values()
-                  for slot in res["contexts"] for bw in e["samples"][f"{slot} bandwidth"]]
-    bandwidth_line = (
-        f"- read bandwidth (summing a {args.bandwidth_mib} MiB tensor right before and after each timed "
-        f"decode step): median {median(bandwidths) / 1e9:.1f} GB/s, "
-        f"{min(bandwidths) / 1e9:.1f} to {max(bandwidths) / 1e9:.1f} over the run"
-    )
-    settings_line = (
-        f"- batch 1, random weights, prefix {args.prefix} tokens; medians of {args.repeats} interleaved "
-        f"repeats after {args.warmup} warm-up"
-    )
-    lines = ["# Decode speed", "", *environment_lines(env), bandwidth_line, settings_line,
-             f"- command: `{args.command}`", ""]
+def phases(res: dict) -> list[tuple[str, dict]]:
+    """(phase, implementations) of one model: quiet, and loaded with --busy."""
+    return [("quiet", res["implementations"])] + ([("loaded", res["loaded"])] if "loaded" in res else [])
 
-    headers = ["model", "implementation", f"prefill {args.prefix} (ms)", "step (ms)", "bound (ms)",
-               "% of bound", f"t_v({k5}) (ms)", f"r_{k5}"]
-    if args.long > 0:
-        P = args.prefix + args.long
+
+def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, env: dict) -> str:
+    k5 = 5 if 5 in args.ks else args.ks[0]
+    P = args.prefix + args.long
+    bandwidths = [bw for res in results for _, impl in phases(res) for e in impl.values()
+                  for slot in res["contexts"] for bw in e["samples"][f"{slot} bandwidth"]]
+    load = f"; with --busy {args.busy}, every repeat also has a phase with {args.busy} core(s) kept busy by a " \
+        "spinning process (\"loaded\")" if args.busy else ""
+    lines = ["# Decode speed", "", *environment_lines(env),
+             f"- read bandwidth (summing a {args.bandwidth_mib} MiB tensor right before and after each timed decode "
+             f"step): median {median(bandwidths) / 1e9:.1f} GB/s, {min(bandwidths) / 1e9:.1f} to "
+             f"{max(bandwidths) / 1e9:.1f} over the run",
+             f"- batch 1, random weights, prefix {args.prefix} tokens; medians of {args.repeats} interleaved repeats "
+             f"after {args.warmup} warm-up{load}", f"- command: `{args.command}`", ""]
+
+    def key(res: dict, phase: str, label: str) -> list[str]:
+        return [res["model"], *([phase if phase == "quiet" else f"{args.busy} busy"] if args.busy else []), label]
+
+    headers = ["model", *(["load"] if args.busy else []), "implementation", f"prefill {args.prefix} (ms)",
+               "step (ms)", "bound (ms)", "% of bound", f"t_v({k5}) (ms)", f"r_{k5}"]
+    if args.long:
         headers += [f"step @{P} (ms)", f"bound @{P} (ms)", f"% of bound @{P}", f"t_v({LONG_K}) @{P} (ms)",
                     f"r_{LONG_K} @{P}"]
-    rows = []
+    rows, k_rows = [], []
     for res in results:
-        for label, e in res["implementations"].items():
-            short = e["short"]
-            row = [res["model"], label, ms(e["prefill_s"]), ms(short["step_s"]), ms(short["bound_s"]),
-                   f"{100 * short['fraction_of_bound']:.0f}%", ms(short["verify_s"][k5]), f"{short['r'][k5]:.2f}"]
-            if args.long > 0:
-                long = e["long"]
-                row += [ms(long["step_s"]), ms(long["bound_s"]), f"{100 * long['fraction_of_bound']:.0f}%",
-                        ms(long["verify_s"][LONG_K]), f"{long['r'][LONG_K]:.2f}"]
-            rows.append(row)
+        for phase, impl in phases(res):
+            for label, e in impl.items():
+                row = [ms(e["prefill_s"])]
+                for slot, k in (("short", k5), ("long", LONG_K))[: 1 + bool(args.long)]:
+                    s = e[slot]
+                    row += [ms(s["step_s"]), ms(s["bound_s"]), f"{100 * s['fraction_of_bound']:.0f}%",
+                            ms(s["verify_s"][k]), f"{s['r'][k]:.2f}"]
+                rows.append(key(res, phase, label) + row)
+                k_rows.append(key(res, phase, label) + [f"{ms(e['short']['verify_s'][k])} ({e['short']['r'][k]:.2f})"
+                                                        for k in args.ks])
     lines += ["## Step, verification and the bandwidth bound", "",
-              "bound = bytes one step must read (every weight once, plus the cached keys and values; int8 "
-              "weights: 1 byte each plus their rows' scales) / read bandwidth. % of bound: each step against "
-              "the bound of the bandwidth sampled around it (bound_i / step_i), median over the repeats; the "
-              "bound column uses the median bandwidth. r_k: the median over the repeats of t_v(k) / t_step "
-              "within each repeat.", "",
-              markdown_table(headers, rows), ""]
-
-    headers = ["model", "implementation"] + [f"k={k}" for k in args.ks]
-    rows = []
-    for res in results:
-        for label, e in res["implementations"].items():
-            short = e["short"]
-            rows.append([res["model"], label] + [f"{ms(short['verify_s'][k])} ({short['r'][k]:.2f})" for k in args.ks])
-    lines += [f"## Verification of k tokens in one forward pass at context {args.prefix}: "
-              "t_v(k) in ms (r_k = t_v(k) / t_step: the median over the repeats of each repeat's ratio)", "",
-              markdown_table(headers, rows), ""]
+              "bound = bytes one step must read (every weight once, plus the cached keys and values; int8 weights: "
+              "1 byte each plus their rows' scales) / read bandwidth. % of bound: each step against the bound of the "
+              "bandwidth sampled around it, median over the repeats; the bound column uses the median bandwidth. "
+              "r_k: the median over the repeats of t_v(k) / t_step within each repeat. \"readable\": the same model "
+              "with `model.accelerator = None`; \"tree mask\": verification passes take a binary tree's ancestor "
+              "mask.", "", markdown_table(headers, rows), "",
+              f"## Verification of k tokens in one forward pass at context {args.prefix}: t_v(k) in ms (r_k = "
+              "t_v(k) / t_step: the median over the repeats of each repeat's ratio)", "",
+              markdown_table(headers[: 3 if args.busy else 2] + [f"k={k}" for k in args.ks], k_rows), ""]
 
     comparisons = []
     for res in results:
-        impl = res["implementations"]
-        o = impl["ours"]
-        for label, e in impl.items():
-            if label == "ours":
-                continue
-            line = (f"- {res['model']}: {label} / ours: prefill {e['prefill_s'] / o['prefill_s']:.2f}x, "
-                    f"step {e['short']['step_s'] / o['short']['step_s']:.2f}x, "
-                    f"t_v({k5}) {e['short']['verify_s'][k5] / o['short']['verify_s'][k5]:.2f}x")
-            if args.long > 0:
-                line += (f"; at {args.prefix + args.long}: step {e['long']['step_s'] / o['long']['step_s']:.2f}x, "
-                         f"t_v({LONG_K}) {e['long']['verify_s'][LONG_K] / o['long']['verify_s'][LONG_K]:.2f}x")
-            comparisons.append(line)
+        for phase, impl in phases(res):
+            o = impl["ours"]
+            for label, e in impl.items():
+                if label == "ours":
+                    continue
+                line = (f"- {res['model']}{', ' + phase if args.busy else ''}: {label} / ours: prefill "
+                        f"{e['prefill_s'] / o['prefill_s']:.2f}x, "
+                        f"step {e['short']['step_s'] / o['short']['step_s']:.2f}x, "
+                        f"t_v({k5}) {e['short']['verify_s'][k5] / o['short']['verify_s'][k5]:.2f}x")
+                if args.long:
+                    line += (f"; at {P}: step {e['long']['step_s'] / o['long']['step_s']:.2f}x, t_v({LONG_K}) "
+                             f"{e['long']['verify_s'][LONG_K] / o['long']['verify_s'][LONG_K]:.2f}x")
+                comparisons.append(line)
     if comparisons:
         lines += ["## The others against ours (time ratios; higher: ours faster)", "", *comparisons, ""]
+    if speedup:
+        lines += [f"## Speculative decoding under load: {speedup['draft']} -> {speedup['target']}, simulated "
+                  f"α = {speedup['alpha_sim']:g}, γ = {speedup['gamma']}, {speedup['new_tokens']} new tokens", "",
+                  f"Greedy, random weights; `SimulatedDrafter` proposes the target's token with probability "
+                  f"{speedup['alpha_sim']:g} (measured α {speedup['alpha']:.3f}, "
+                  f"{speedup['tokens_per_target_call']:.2f} tokens per target call). speedup: the median over "
+                  "repeats of `generate` seconds / speculative seconds in the same phase.", "",
+                  markdown_table(["load", "speedup [min-max]", "baseline (s)", "speculative (s)"], [
+                      [phase if phase == "quiet" else f"{args.busy} busy",
+                       f"{s['speedup']:.2f} [{s['speedup_min']:.2f}-{s['speedup_max']:.2f}]",
+                       f"{s['baseline_s']:.2f}", f"{s['speculative_s']:.2f}"]
+                      for phase, s in ((p, speedup[p]) for p in ("quiet", "loaded"))]), ""]
     return "\n".join(lines)
 
 
@@ -436,44 +465,49 @@ def report(results: list[dict], args: argparse.Namespace, env: dict) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.decode_speed",
-        description="Decode step, verification of k tokens and prefill: ours vs transformers vs the bandwidth bound.",
-    )
-    p.add_argument("--models", nargs="+", default=["gpt2", "gpt2-large"], help="preset shapes (default: gpt2 gpt2-large)")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.decode_speed", description=(
+        "Decode step, verification of k tokens and prefill: ours vs transformers vs the bandwidth bound."))
+    p.add_argument("--models", nargs="+", default=["gpt2", "gpt2-large"],
+                   help="preset shapes, or tiny (default: gpt2 gpt2-large)")
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per measurement (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="uncounted repeats first (default 2)")
     p.add_argument("--prefix", type=int, default=100, help="prompt tokens in the cache (default 100)")
-    p.add_argument("--ks", type=int, nargs="+", default=list(range(2, 10)), help="verification lengths (default 2..9)")
+    p.add_argument("--ks", type=int, nargs="+", default=[*range(2, 10), 16, 32],
+                   help="verification lengths, 2 to 64 (default 2..9 16 32)")
     p.add_argument("--long", type=int, default=500,
                    help="also time step and k=5 with the cache at prefix + LONG positions (default 500; 0: skip)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
-    p.add_argument("--bandwidth-mib", type=int, default=1024, help="size of the tensor summed to measure read bandwidth")
-    p.add_argument("--plain-linear", action="store_true",
-                   help="also time our model on the readable path: F.linear and SDPA everywhere")
-    p.add_argument("--plain-attention", action="store_true",
-                   help="also time our model with SDPA attention (the linear kernel kept, the Block modules called)")
-    p.add_argument("--module-blocks", action="store_true",
-                   help="also time our model calling its Block modules one by one (the kernels kept)")
-    p.add_argument("--int8", action="store_true",
-                   help="also time the model with its weight matrices quantised to int8 (gpt2/quantize.py), "
-                   "against its own bound (a quarter of the weight bytes)")
+    p.add_argument("--bandwidth-mib", type=int, default=1024,
+                   help="size of the tensor summed to measure read bandwidth")
+    p.add_argument("--readable", action="store_true",
+                   help="also time the same model on the readable path (model.accelerator = None)")
+    p.add_argument("--tree-mask", action="store_true",
+                   help="also time every verification with a token tree's ancestor mask")
+    p.add_argument("--int8", action="store_true", help="also time the model with int8 weight matrices "
+                   "(gpt2.fast.accelerate(model, int8=True)), against its own bound")
+    p.add_argument("--busy", type=int, default=0, metavar="N", help="also measure everything with N cores kept "
+                   "busy by spinning processes, in the same repeats, and the simulated alpha 0.8, gamma 4 speedup "
+                   "quiet and loaded (default 0)")
+    p.add_argument("--draft", default="gpt2", help="--busy: the draft shape of the speedup run, whose target is "
+                   "the last of --models (default gpt2)")
+    p.add_argument("--gen", type=int, default=100, help="--busy: new tokens of the speedup runs (default 100)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers (it need not be installed)")
     p.add_argument("--seed", type=int, default=0, help="seeds the random weights and tokens")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/decode_speed-<UTC time>/)")
     args = p.parse_args(argv)
-    for name in ("repeats", "prefix", "bandwidth_mib"):
+    for name in ("repeats", "prefix", "bandwidth_mib", "gen"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.warmup < 0 or args.long < 0:
-        raise ValueError("--warmup and --long must be >= 0")
-    if any(k < 2 for k in args.ks):
-        raise ValueError("--ks are verification lengths: each must be >= 2 (k = 1 is the decode step)")
+    if args.warmup < 0 or args.long < 0 or args.busy < 0:
+        raise ValueError("--warmup, --long and --busy must be >= 0")
+    if any(not 2 <= k <= MAX_K for k in args.ks):
+        raise ValueError(f"--ks are verification lengths: each must lie in 2..{MAX_K} (k = 1 is the decode step)")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
-    for name in args.models:
-        preset(name)  # raises ValueError naming the presets
-    args.command = "python -m benchmarks.decode_speed " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    for name in [*args.models, args.draft]:
+        shape(name)  # raises ValueError naming the presets
+    args.ks = sorted(set(args.ks))
+    args.command = "python -m benchmarks.decode_speed " + shlex.join(sys.argv[1:] if argv is None else argv)
     return args
 
 
@@ -485,22 +519,22 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import transformers  # noqa: F401
         except ImportError:
-            raise ValueError("transformers is not installed: pip install -r requirements-dev.txt, or pass --no-transformers") from None
+            raise ValueError("transformers is not installed: pip install -r requirements-dev.txt, "
+                             "or pass --no-transformers") from None
     out = results_dir(args.out, "decode_speed")
-
-    probe = BandwidthProbe(args.bandwidth_mib)
-    results = [bench_model(name, args, probe) for name in args.models]
-
-    env = environment(CPU, DTYPE, {f"shape {i + 1}": name for i, name in enumerate(args.models)})
-    text = report(results, args, env)
+    probe, spinners = BandwidthProbe(args.bandwidth_mib), Spinners(args.busy)
+    try:
+        results = [bench_model(name, args, probe, spinners) for name in args.models]
+        speedup = bench_speedup(args, spinners) if args.busy else None
+    finally:
+        spinners.stop()
+    env = environment(CPU, DTYPE, {f"shape {i + 1}": name for i, name in enumerate(args.models)}, results[0]["path"])
+    text = report(results, speedup, args, env)
     print(text)
     (out / "decode_speed.md").write_text(text + "\n", encoding="utf-8")
-    write_json(out / "decode_speed.json", {
-        "environment": env,
-        "settings": {k: v for k, v in vars(args).items()},
-        "results": results,
-    })
-    print(f"results in {out}", file=sys.stderr)
+    write_json(out / "decode_speed.json", {"environment": env, "settings": vars(args), "results": results,
+                                           "speedup": speedup})
+    say(f"results in {out}")
     return 0
 
 

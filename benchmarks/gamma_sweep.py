@@ -1,68 +1,39 @@
 """The gamma x max_gen sweep: the measured speedup of speculative decoding
-beside the speedup that theory predicts from measured costs (the formula and
-the alpha estimate are in sweep_report.py).
+beside the one theory predicts from measured step costs (sweep_report.py).
 
-For every cell (max_gen, gamma, and the simulated acceptance rate if any) it
-measures end-to-end speedup, tokens/s, acceptance, and the step costs the
-prediction needs: t_d (one draft step), t_t (one target step) and
-t_v(gamma+1) (one target pass over gamma + 1 tokens), each timed directly
-with the KV cache at a representative context length (median prompt +
-max_gen / 2), in rounds spread between the decoding runs (ComponentTimer).
+Each cell (max_gen, gamma, simulated acceptance) is timed against the
+baseline `gpt2.generate` on the same prompts, back to back in every repeat
+(in reversed order on odd repeats, so drift cancels); speedup is the median
+over repeats of baseline / speculative time. The step costs the prediction
+needs are timed in rounds between the runs (`ComponentTimer`). End-of-text
+is ignored: every run emits max_gen tokens.
 
-Measurement: the baseline is `gpt2.generate` of the target with the same
-prompts and settings. For each repeat, max_gen and prompt, the baseline and
-every speculative cell run back to back, in reversed order on odd repeats,
-so that slow drift of the machine cancels; speedup is the median over
-repeats of baseline time / speculative time within the same repeat.
-End-of-text is ignored, so every run emits exactly max_gen tokens.
-
-Usage:
     python -m benchmarks.gamma_sweep                       # gpt2 -> gpt2-large, full sweep
     python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.7 0.9 --quick
     python -m benchmarks.gamma_sweep --random-weights --draft-equals-target --peer transformers --quick
 
-Outputs (in --out, default benchmarks/results/gamma_sweep-<UTC time>/):
-sweep.md (the table the README quotes), sweep.csv, sweep.json (with the
-environment header), speedup_vs_gamma.png, acceptance_per_position.png.
-The columns are listed in sweep_report.COLUMNS.
+Outputs (--out, default benchmarks/results/gamma_sweep-<UTC time>/): sweep.md, sweep.csv,
+sweep.json (columns: sweep_report.COLUMNS), speedup_vs_gamma.png, acceptance_per_position.png.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as `python benchmarks/gamma_sweep.py`: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import argparse
 import shlex
-from collections.abc import Callable
+import sys
 from dataclasses import dataclass, field
+from statistics import median
 
 import torch
 from tqdm import tqdm
 
 from benchmarks import sweep_report
-from benchmarks.common import (
-    ModelPair,
-    build_pair,
-    clock,
-    encode_prompts,
-    environment,
-    load_prompt_tokenizer,
-    median,
-    results_dir,
-    run_cli,
-    time_call,
-)
+from benchmarks.common import ModelPair, build_pair, encode_prompts, environment, load_prompt_tokenizer
+from benchmarks.common import results_dir, run_cli
 from benchmarks.prompts import PROMPTS
-from gpt2 import SamplingConfig, generate
+from gpt2 import SamplingConfig, fast, generate
 from spec_decoding import SimulatedDrafter, SpecStats, speculative_generate
-
-# ---------------------------------------------------------------------------
-# Settings and records
-# ---------------------------------------------------------------------------
+from spec_decoding.loop import clock
 
 
 @dataclass(frozen=True)
@@ -71,13 +42,12 @@ class SweepSettings:
 
     Attributes:
         gammas, max_gens: the grid.
-        simulate: acceptance rates to simulate with `SimulatedDrafter`
-            (greedy only); empty: the real draft model proposes.
+        simulate: acceptance rates for `SimulatedDrafter` (greedy only);
+            empty: the real draft proposes.
         sampling: the one sampling filter; greedy by default.
-        seed: seeds sampling and the simulated drafter (the same every repeat,
-            so repeats do identical work).
+        seed: seeds sampling and the simulation (the same every repeat).
         repeats, warmup: timed repeats after warm-up rounds.
-        component_calls: timed calls per repeat for each of t_d, t_t, t_v.
+        component_calls: timed calls per repeat of each of t_d, t_t, t_v.
         peer: "transformers" to run its assisted generation beside ours.
     """
 
@@ -101,10 +71,8 @@ class SweepSettings:
         if self.simulate and not self.sampling.greedy:
             raise ValueError("--simulate-acceptance works with greedy decoding only: drop --temperature")
         if self.simulate and self.peer:
-            raise ValueError(
-                "--peer cannot simulate acceptance (transformers' assistant is a real model): drop "
-                "--simulate-acceptance, or use --draft-equals-target for alpha = 1 on both sides"
-            )
+            raise ValueError("--peer cannot simulate acceptance (transformers' assistant is a real model): drop "
+                             "--simulate-acceptance, or use --draft-equals-target for alpha = 1 on both sides")
         if self.peer not in (None, "transformers"):
             raise ValueError(f"unknown peer {self.peer!r}: the only peer is 'transformers'")
         if self.repeats < 1 or self.warmup < 0 or self.component_calls < 1:
@@ -112,52 +80,50 @@ class SweepSettings:
 
     @property
     def alpha_settings(self) -> tuple[float | None, ...]:
-        """None stands for the real draft model."""
-        return self.simulate if self.simulate else (None,)
+        """The simulated acceptance rates; (None,): the real draft model."""
+        return self.simulate or (None,)
 
 
 @dataclass
 class Cell:
-    """The measurements of one (max_gen, gamma, simulated alpha) cell."""
+    """The measurements of one (max_gen, gamma, simulated alpha) cell; seconds
+    per repeat are summed over the prompts."""
 
     max_gen: int
     gamma: int
     alpha_sim: float | None
-    spec_seconds: list[float] = field(default_factory=list)  # per repeat, summed over prompts
+    spec_seconds: list[float] = field(default_factory=list)
     stats: list[SpecStats] = field(default_factory=list)  # repeat 0, one per prompt
-    tokens: int = 0  # new tokens of one repeat, summed over prompts
-    draft_seconds: float = 0.0  # SpecStats time split, summed over all repeats
+    tokens: int = 0  # new tokens of one repeat
+    draft_seconds: float = 0.0  # SpecStats' time split, summed over all repeats
     verify_seconds: float = 0.0
     identical: int = 0  # greedy runs whose output equals the baseline's
     compared: int = 0
     hf_spec_seconds: list[float] = field(default_factory=list)
     hf_identical: int = 0
-    hf_compared: int = 0
 
 
 @dataclass
 class Baseline:
     """Plain decoding at one max_gen: ours and (with --peer) transformers'."""
 
-    seconds: list[float] = field(default_factory=list)  # per repeat, summed over prompts
+    seconds: list[float] = field(default_factory=list)
     tokens: int = 0
     hf_seconds: list[float] = field(default_factory=list)
 
 
 @dataclass
 class Components:
-    """Samples (seconds) of the costs the prediction is built from, at one max_gen.
-
-    t_draft, t_target, t_verify are measured with a KV cache holding
-    `context_len` positions; t_start_* is a run's fixed start-up cost: a new KV
-    cache plus the prefill of a `prompt_len`-token prompt.
-    """
+    """Seconds of the costs the prediction is built from, at one max_gen:
+    t_draft, t_target, t_verify[gamma] (= t_v(gamma + 1)) with `context_len`
+    positions cached; t_start_*: a new KV cache and the prefill of a
+    `prompt_len`-token prompt."""
 
     prompt_len: int
     context_len: int
     t_draft: list[float] = field(default_factory=list)
     t_target: list[float] = field(default_factory=list)
-    t_verify: dict[int, list[float]] = field(default_factory=dict)  # gamma -> samples of t_v(gamma + 1)
+    t_verify: dict[int, list[float]] = field(default_factory=dict)
     t_start_target: list[float] = field(default_factory=list)
     t_start_draft: list[float] = field(default_factory=list)
 
@@ -171,75 +137,53 @@ class SweepResult:
     components: dict[int, Components]
 
 
-# ---------------------------------------------------------------------------
-# Measuring
-# ---------------------------------------------------------------------------
-
-
 class ComponentTimer:
-    """Times the costs the prediction is built from, at one max_gen, one round
-    at a time: a round is one call of each, appended to `comp`: one draft
-    step, one target step and one target pass over gamma + 1 tokens, each
-    continuing a KV cache of `comp.context_len` positions (rewound after every
-    call, so every call sees the same context), and each model's start-up
-    (new cache + prefill of `comp.prompt_len` tokens).
-
-    The sweep runs its rounds between the decoding runs (`run_group`), spread
-    evenly over the same minutes as the runs whose speedup they predict. The
-    prediction uses the costs' ratios and compares them with the runs: on a
-    shared machine whose speed drifts (here baseline repeats of one cell took
-    14.7 to 19.2 s), costs timed in one block before the runs describe
-    another machine than the one the runs saw."""
+    """Times one round of the costs at one max_gen: a draft step, a target
+    step and a target pass over gamma + 1 tokens, each on a KV cache of
+    `comp.context_len` positions (rewound after the call), and each model's
+    start-up. The sweep spreads its rounds between the decoding runs: on a
+    shared machine whose speed drifts, costs timed in one block before the
+    runs describe another machine than the one the runs saw."""
 
     @torch.inference_mode()
     def __init__(self, pair: ModelPair, comp: Components, gammas: tuple[int, ...], seed: int) -> None:
         self.device = pair.device
-        g = torch.Generator().manual_seed(seed)
         length = max(comp.context_len + max(gammas) + 1, comp.prompt_len)
+        g = torch.Generator().manual_seed(seed)
         ids = torch.randint(pair.target.config.vocab_size, (1, length), generator=g).to(self.device)  # (1, length)
-        prefix = ids[:, : comp.context_len]  # (1, context_len)
-        prompt = ids[:, : comp.prompt_len]  # (1, prompt_len)
-        caches = {}
-        for model in (pair.target, pair.draft):
-            caches[id(model)] = model.new_cache(1)
-            model(prefix, caches[id(model)], last_logits_only=True)
+        P = comp.context_len
+        caches = {model: model.new_cache(1) for model in (pair.target, pair.draft)}
+        for model, cache in caches.items():
+            model(ids[:, :P], cache, last_logits_only=True)
 
-        def step(model, num_tokens: int) -> Callable[[], object]:
-            cache = caches[id(model)]
-            new = ids[:, comp.context_len : comp.context_len + num_tokens]  # (1, num_tokens)
-
+        def step(model, n: int):
             def call():
-                cache.rewind(comp.context_len)
-                model(new, cache)
-
+                caches[model].rewind(P)
+                model(ids[:, P : P + n], caches[model])  # (1, n) new tokens
             return call
 
-        def start(model) -> Callable[[], object]:
-            return lambda: model(prompt, model.new_cache(1), last_logits_only=True)
+        def start(model):
+            return lambda: model(ids[:, : comp.prompt_len], model.new_cache(1), last_logits_only=True)
 
-        self.timed = [
-            (comp.t_target, step(pair.target, 1)),
-            (comp.t_draft, step(pair.draft, 1)),
-            *((comp.t_verify.setdefault(gamma, []), step(pair.target, gamma + 1)) for gamma in gammas),
-            (comp.t_start_target, start(pair.target)),
-            (comp.t_start_draft, start(pair.draft)),
-        ]
+        self.timed = [(comp.t_target, step(pair.target, 1)), (comp.t_draft, step(pair.draft, 1)),
+                      *((comp.t_verify.setdefault(gamma, []), step(pair.target, gamma + 1)) for gamma in gammas),
+                      (comp.t_start_target, start(pair.target)), (comp.t_start_draft, start(pair.draft))]
         for _, call in self.timed:  # warm-up
             call()
 
     @torch.inference_mode()
     def round(self) -> None:
-        """One timed call of each cost, round-robin."""
         for samples, call in self.timed:
-            samples.extend(time_call(call, device=self.device, warmup=0, repeats=1).samples)
+            t0 = clock(self.device)
+            call()
+            samples.append(clock(self.device) - t0)
 
 
 class Runner:
-    """The decoding calls of the sweep, each timed between synchronised clocks."""
+    """The decoding runs of the sweep, each timed between synchronised clocks."""
 
     def __init__(self, pair: ModelPair, settings: SweepSettings) -> None:
-        self.pair = pair
-        self.settings = settings
+        self.pair, self.settings = pair, settings
         self.hf_target = self.hf_draft = None
         if settings.peer == "transformers":
             from benchmarks.hf_peer import to_transformers  # transformers only when asked for
@@ -247,89 +191,68 @@ class Runner:
             self.hf_target = to_transformers(pair.target)
             self.hf_draft = self.hf_target if pair.draft_is_target else to_transformers(pair.draft)
 
+    def timed(self, fn, *args, **kwargs):
+        """(fn's result, seconds)."""
+        t0 = clock(self.pair.device)
+        out = fn(*args, **kwargs)
+        return out, clock(self.pair.device) - t0
+
     def generator(self, prompt_index: int) -> torch.Generator:
         """The same seed for a prompt in every run: repeats do identical work."""
         return torch.Generator(device=self.pair.device).manual_seed(self.settings.seed + 1000 * prompt_index)
 
     def baseline(self, ids: torch.Tensor, n: int, p: int) -> tuple[torch.Tensor, float]:
         s = self.settings.sampling
-        t0 = clock(self.pair.device)
-        out = generate(
-            self.pair.target, ids, n, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-            eos_id=None, generator=self.generator(p),
-        )
-        return out, clock(self.pair.device) - t0
+        return self.timed(generate, self.pair.target, ids, n, temperature=s.temperature, top_k=s.top_k,
+                          top_p=s.top_p, generator=self.generator(p))
 
-    def speculative(
-        self, ids: torch.Tensor, n: int, p: int, gamma: int, alpha_sim: float | None,
-        reference: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, SpecStats, float]:
-        """One speculative run; `reference` (the baseline's greedy output) is
-        what the simulated drafter copies when `alpha_sim` is given."""
+    def speculative(self, ids: torch.Tensor, n: int, p: int, gamma: int, alpha_sim: float | None,
+                    reference: torch.Tensor | None) -> tuple[tuple[torch.Tensor, SpecStats], float]:
+        """One run; with `alpha_sim` the drafter copies `reference` (the baseline's
+        greedy output) with that probability, built inside the timed region as
+        the loop builds a ModelDrafter."""
         s = self.settings.sampling
-        t0 = clock(self.pair.device)
-        draft = self.pair.draft
-        if alpha_sim is not None:  # built inside the timed region, as ModelDrafter is for a plain draft
-            draft = SimulatedDrafter(self.pair.draft, reference, alpha_sim, seed=self.settings.seed + p)
-        out, stats = speculative_generate(
-            self.pair.target, draft, ids, gamma=gamma, max_new_tokens=n, temperature=s.temperature,
-            top_k=s.top_k, top_p=s.top_p, eos_id=None, generator=self.generator(p),
-        )
-        return out, stats, clock(self.pair.device) - t0
+
+        def run():
+            draft = self.pair.draft
+            if alpha_sim is not None:
+                draft = SimulatedDrafter(draft, reference, alpha_sim, seed=self.settings.seed + p)
+            return speculative_generate(self.pair.target, draft, ids, gamma=gamma, max_new_tokens=n,
+                                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                        generator=self.generator(p))
+
+        return self.timed(run)
 
     def hf(self, ids: torch.Tensor, n: int, p: int, gamma: int | None) -> tuple[torch.Tensor, float]:
         """transformers' plain generate (gamma None) or assisted generation."""
         from benchmarks.hf_peer import hf_generate
 
         torch.manual_seed(self.settings.seed + 1000 * p)  # transformers samples from the global generator
-        t0 = clock(self.pair.device)
         assistant = None if gamma is None else self.hf_draft
-        out = hf_generate(self.hf_target, ids, n, self.settings.sampling, assistant=assistant, gamma=gamma)
-        return out, clock(self.pair.device) - t0
+        return self.timed(hf_generate, self.hf_target, ids, n, self.settings.sampling, assistant=assistant,
+                          gamma=gamma)
 
 
-def check_fits(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings) -> None:
-    """Raises ValueError if a prompt plus the longest max_gen exceeds a context window."""
+def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings, *,
+              progress: bool = True) -> SweepResult:
+    """Runs the whole sweep (the protocol is in the module docstring) on
+    `prompts`, (name, (1, T) token ids on the pair's device)."""
     n_ctx = min(pair.target.config.n_ctx, pair.draft.config.n_ctx)
     longest = max(ids.size(1) for _, ids in prompts)
     if longest + max(settings.max_gens) > n_ctx:
-        raise ValueError(
-            f"a prompt of {longest} tokens plus max_gen {max(settings.max_gens)} exceeds the context window "
-            f"of {n_ctx}: use a smaller --max-gen"
-        )
-
-
-def run_sweep(
-    pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings, *, progress: bool = True
-) -> SweepResult:
-    """Runs the whole sweep (see the module docstring for the protocol).
-
-    Args:
-        pair: the target and draft.
-        prompts: (name, (1, T) token ids on the pair's device).
-        settings: the grid and the timing settings.
-        progress: show a progress bar on stderr.
-
-    Returns:
-        Every measurement, for `sweep_report` to turn into tables and plots.
-    """
-    check_fits(pair, prompts, settings)
+        raise ValueError(f"a prompt of {longest} tokens plus max_gen {max(settings.max_gens)} exceeds the context "
+                         f"window of {n_ctx}: use a smaller --max-gen")
     runner = Runner(pair, settings)
     cells = [Cell(n, g, a) for n in settings.max_gens for a in settings.alpha_settings for g in settings.gammas]
     baselines = {n: Baseline() for n in settings.max_gens}
     prompt_len = int(median([ids.size(1) for _, ids in prompts]))
-    longest_verify = max(settings.gammas) + 1
-    components = {
-        n: Components(prompt_len, min(prompt_len + n // 2, pair.target.config.n_ctx - longest_verify))
-        for n in settings.max_gens
-    }
-    runs_per_prompt = len(jobs_of(settings, cells[: len(cells) // len(settings.max_gens)]))
-    total = settings.repeats * len(settings.max_gens) * len(prompts) * runs_per_prompt
-    bar = tqdm(total=total, desc="gamma sweep", unit="run", file=sys.stderr, disable=not progress,
-               dynamic_ncols=True)
+    room = pair.target.config.n_ctx - max(settings.gammas) - 1
+    components = {n: Components(prompt_len, min(prompt_len + n // 2, room)) for n in settings.max_gens}
+    per_prompt = len(jobs_of(settings, cells[: len(cells) // len(settings.max_gens)]))
+    bar = tqdm(total=settings.repeats * len(settings.max_gens) * len(prompts) * per_prompt, desc="gamma sweep",
+               unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True)
 
-    # Warm-up: every code path once on the first prompt, not counted.
-    _, ids0 = prompts[0]
+    _, ids0 = prompts[0]  # warm-up: every code path once on the first prompt, not counted
     n0 = min(min(settings.max_gens), 32)
     for _ in range(settings.warmup):
         bar.set_postfix_str("warm-up")
@@ -346,8 +269,7 @@ def run_sweep(
     for r in range(settings.repeats):
         for n in settings.max_gens:
             bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: preparing the step-cost timer")
-            # A timer's KV caches live for one group of runs only.
-            timer = ComponentTimer(pair, components[n], settings.gammas, settings.seed + r)
+            timer = ComponentTimer(pair, components[n], settings.gammas, settings.seed + r)  # caches for one group
             group = [c for c in cells if c.max_gen == n]
             run_group(runner, r, n, prompts, group, baselines[n], references, bar, timer)
     bar.close()
@@ -362,22 +284,13 @@ def jobs_of(settings: SweepSettings, group: list[Cell]) -> list[tuple[str, int |
     return jobs
 
 
-def run_group(
-    runner: Runner,
-    r: int,
-    n: int,
-    prompts: list[tuple[str, torch.Tensor]],
-    group: list[Cell],
-    base: Baseline,
-    references: dict[tuple[int, int], torch.Tensor],
-    bar: tqdm,
-    timer: ComponentTimer,
-) -> None:
+def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Tensor]], group: list[Cell],
+              base: Baseline, references: dict[tuple[int, int], torch.Tensor], bar: tqdm,
+              timer: ComponentTimer) -> None:
     """Repeat `r` at max_gen `n`: for each prompt, the baseline and every cell
-    of `group` back to back (baseline first on even repeats, where it also
-    gives the simulated drafter its reference, and last on odd ones), with
-    `component_calls` rounds of `timer` spread evenly between the runs. Adds
-    the repeat's seconds, summed over prompts, to `base` and the cells."""
+    of `group` back to back (the baseline first on even repeats, where it also
+    gives the simulated drafter its reference, last on odd ones), with the
+    `timer`'s rounds spread evenly between the runs."""
     settings = runner.settings
     greedy = settings.sampling.greedy
     jobs = jobs_of(settings, group)
@@ -393,60 +306,50 @@ def run_group(
                 bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: step costs")
                 timer.round()
             k += 1
-            what = kind if i is None else f"{kind} γ={group[i].gamma}"
-            bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}, {name}: {what}")
+            bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}, {name}: {kind}"
+                                + ("" if i is None else f" γ={group[i].gamma}"))
             if kind == "baseline":
                 out, t = runner.baseline(ids, n, p)
-                if greedy and (p, n) in references:
-                    assert torch.equal(out, references[(p, n)]), "greedy decoding must be deterministic"
+                assert not greedy or torch.equal(out, references.get((p, n), out)), "greedy must be deterministic"
                 references.setdefault((p, n), out)
                 if r == 0:
                     base.tokens += out.size(1) - ids.size(1)
             elif kind == "speculative":
                 c = group[i]
-                out, stats, t = runner.speculative(ids, n, p, c.gamma, c.alpha_sim, references.get((p, n)))
+                (out, stats), t = runner.speculative(ids, n, p, c.gamma, c.alpha_sim, references.get((p, n)))
                 c.draft_seconds += stats.draft_seconds
                 c.verify_seconds += stats.verify_seconds
                 if r == 0:
                     c.stats.append(stats)
                     c.tokens += out.size(1) - ids.size(1)
-                if greedy:
-                    c.compared += 1
-                    c.identical += int(torch.equal(out, references[(p, n)]))
-            elif kind == "hf baseline":
-                out, t = runner.hf(ids, n, p, None)
-            else:  # "hf assisted"
-                c = group[i]
-                out, t = runner.hf(ids, n, p, c.gamma)
-                if greedy:
-                    c.hf_compared += 1
-                    c.hf_identical += int(torch.equal(out.to(ids.device), references[(p, n)]))
+                c.compared += greedy
+                c.identical += int(greedy and torch.equal(out, references[(p, n)]))
+            else:  # transformers: plain generate, or assisted generation
+                out, t = runner.hf(ids, n, p, None if kind == "hf baseline" else group[i].gamma)
+                if kind == "hf assisted" and greedy:
+                    group[i].hf_identical += int(torch.equal(out.to(ids.device), references[(p, n)]))
             seconds[(kind, i)] += t
             bar.update(1)
 
     base.seconds.append(seconds[("baseline", None)])
+    base.hf_seconds += [seconds[("hf baseline", None)]] if settings.peer else []
     for i, c in enumerate(group):
         c.spec_seconds.append(seconds[("speculative", i)])
-    if runner.settings.peer:
-        base.hf_seconds.append(seconds[("hf baseline", None)])
-        for i, c in enumerate(group):
-            c.hf_spec_seconds.append(seconds[("hf assisted", i)])
+        c.hf_spec_seconds += [seconds[("hf assisted", i)]] if settings.peer else []
 
 
 # ---------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------
 
-# The issue's full sweep, and --quick: a short run of the same grid of gammas.
+# The full sweep, and --quick: a short run of the same grid of gammas.
 FULL = {"prompts": len(PROMPTS), "max_gen": [50, 100, 200, 500], "repeats": 3, "component_calls": 10}
 QUICK = {"prompts": 2, "max_gen": [50, 100], "repeats": 2, "component_calls": 5}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m benchmarks.gamma_sweep",
-        description="Speculative decoding speedup over gamma x max_gen, measured and predicted.",
-    )
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gamma_sweep", description=(
+        "Speculative decoding speedup over gamma x max_gen, measured and predicted."))
     models = ap.add_argument_group("models")
     models.add_argument("--target", default="gpt2-large",
                         help="Hub id or folder; a preset name with --random-weights (default gpt2-large)")
@@ -461,7 +364,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     models.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     models.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     models.add_argument("--quantize", default="none", choices=["none", "int8"],
-                        help="int8: both models' weight matrices quantised (gpt2/quantize.py; CPU, float32); "
+                        help="int8: both models' weight matrices quantised (gpt2/fast/quantize.py; CPU, float32); "
                         "the baseline is then the int8 target (default none)")
     models.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
@@ -487,12 +390,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     timing.add_argument("--warmup", type=int, default=1, help="warm-up rounds (default 1)")
     timing.add_argument("--component-calls", type=int, default=None,
                         help="timed calls per repeat for each step cost, spread between the runs (default 10)")
-    timing.add_argument("--quick", action="store_true",
-                        help="a short run: the first 2 prompts, max_gen 50 100, 2 repeats, 5 component calls "
-                        "(options given explicitly win)")
-
-    ap.add_argument("--out", default=None,
-                    help="results folder (default benchmarks/results/gamma_sweep-<UTC time>)")
+    timing.add_argument("--quick", action="store_true", help="a short run: the first 2 prompts, max_gen 50 100, "
+                        "2 repeats, 5 component calls (options given explicitly win)")
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/gamma_sweep-<UTC time>)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
 
@@ -513,29 +413,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     settings = SweepSettings(
-        gammas=tuple(args.gamma),
-        max_gens=tuple(args.max_gen),
-        simulate=tuple(args.simulate_acceptance or ()),
-        sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
-        seed=args.seed,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        component_calls=args.component_calls,
-        peer=args.peer,
+        gammas=tuple(args.gamma), max_gens=tuple(args.max_gen), simulate=tuple(args.simulate_acceptance or ()),
+        sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed, repeats=args.repeats,
+        warmup=args.warmup, component_calls=args.component_calls, peer=args.peer,
     )
     weights = "tiny" if args.tiny else "random" if args.random_weights else "checkpoint"
     pair = build_pair(args.target, args.draft, weights=weights, draft_equals_target=args.draft_equals_target,
                       device=args.device, dtype=args.dtype, quantize=args.quantize, seed=args.seed)
-    tokenizer = load_prompt_tokenizer(pair.tokenizer_folder)
-    prompts = encode_prompts(tokenizer, PROMPTS[: args.prompts], pair.device)
+    prompts = encode_prompts(load_prompt_tokenizer(pair.tokenizer_folder), PROMPTS[: args.prompts], pair.device)
     folder = results_dir(args.out, "gamma_sweep")
 
     result = run_sweep(pair, prompts, settings, progress=not args.no_progress)
 
     quantize = None if args.quantize == "none" else args.quantize
-    env = environment(pair.device, pair.dtype, {"target": pair.target_name, "draft": pair.draft_name}, quantize)
-    env["weights"] = weights
-    env["draft_is_target"] = pair.draft_is_target
+    env = environment(pair.device, pair.dtype, {"target": pair.target_name, "draft": pair.draft_name},
+                      fast.status(pair.target), quantize)
+    env.update(weights=weights, draft_is_target=pair.draft_is_target)
     if settings.peer == "transformers":
         import transformers
 

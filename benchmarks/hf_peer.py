@@ -1,20 +1,14 @@
-"""`transformers`' assisted generation as a peer to compare against.
+"""`transformers`' GPT-2 with the same weights, as a peer: its plain
+`generate` and its assisted generation (`assistant_model=draft`, Leviathan et
+al. 2023's rejection sampling when sampling). Only the benchmarks import it,
+only when asked: `transformers` is a test/benchmark dependency.
 
-The same weights run through Hugging Face's `GPT2LMHeadModel`: plain
-`generate` as its baseline, and `generate(..., assistant_model=draft)` as its
-speculative decoding (assisted generation; Leviathan et al. 2023's rejection
-sampling when sampling). Only the benchmarks import this module, and only when
-asked for the peer: `transformers` is a test/benchmark dependency.
-
-Settings that make the comparison like-for-like (transformers 5.x,
-generation/candidate_generator.py):
-- the assistant drafts a constant number of tokens: `num_assistant_tokens` =
-  gamma with `num_assistant_tokens_schedule = "constant"` (the default
-  "heuristic" schedule changes it from step to step);
-- confidence-based early stop off: `assistant_confidence_threshold = 0`
-  (None would be replaced by its default 0.4; only a value > 0 adds the stop);
-- no end-of-text (`eos_token_id=None`) and `min_new_tokens = max_new_tokens`,
-  so every run produces exactly the requested number of tokens, as ours do.
+Like-for-like settings (transformers 5.x, generation/candidate_generator.py):
+the assistant drafts a constant gamma tokens (`num_assistant_tokens_schedule
+= "constant"`; the default "heuristic" changes it every step), with no
+confidence-based early stop (`assistant_confidence_threshold = 0`: None means
+its default 0.4); no end-of-text and `min_new_tokens = max_new_tokens`, so
+every run produces exactly the requested number of tokens, as ours do.
 """
 
 from __future__ import annotations
@@ -22,9 +16,7 @@ from __future__ import annotations
 import torch
 
 from gpt2 import GPT2, SamplingConfig
-
-# GPT-2's four projections per block are Conv1D in transformers, stored (in, out).
-CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+from gpt2.loading import CONV1D_SUFFIXES  # the four projections transformers stores (in, out)
 
 
 def to_transformers(model: GPT2):
@@ -60,44 +52,11 @@ def to_transformers(model: GPT2):
     return hf_model.to(device=model.device, dtype=model.dtype).eval()
 
 
-def generation_kwargs(max_new_tokens: int, sampling: SamplingConfig) -> dict:
-    """`generate` arguments for exactly `max_new_tokens` tokens with our sampling settings."""
-    kwargs = {
-        "max_new_tokens": max_new_tokens,
-        "min_new_tokens": max_new_tokens,
-        "eos_token_id": None,
-        "pad_token_id": None,
-        "do_sample": not sampling.greedy,
-    }
-    if not sampling.greedy:
-        kwargs.update(
-            temperature=sampling.temperature,
-            top_k=sampling.top_k if sampling.top_k is not None else 0,  # 0: no top-k (its default is 50)
-            top_p=sampling.top_p if sampling.top_p is not None else 1.0,
-        )
-    return kwargs
-
-
-def set_assistant_tokens(assistant, gamma: int) -> None:
-    """Makes `assistant` draft exactly `gamma` tokens per step, with no early stop."""
-    config = assistant.generation_config
-    config.num_assistant_tokens = gamma
-    config.num_assistant_tokens_schedule = "constant"
-    config.assistant_confidence_threshold = 0.0
-
-
 @torch.inference_mode()
-def hf_generate(
-    hf_target,
-    input_ids: torch.Tensor,
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    *,
-    assistant=None,
-    gamma: int | None = None,
-) -> torch.Tensor:
+def hf_generate(hf_target, input_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, *,
+                assistant=None, gamma: int | None = None) -> torch.Tensor:
     """transformers' plain generate (assistant None) or assisted generation
-    with `assistant` drafting `gamma` tokens per step.
+    with `assistant` drafting exactly `gamma` tokens per step, no early stop.
 
     Args:
         hf_target, assistant: models from `to_transformers`.
@@ -109,10 +68,17 @@ def hf_generate(
     Returns:
         (1, T + max_new_tokens) LongTensor.
     """
-    kwargs = generation_kwargs(max_new_tokens, sampling)
+    kwargs = {"max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens, "eos_token_id": None,
+              "pad_token_id": None, "do_sample": not sampling.greedy}
+    if not sampling.greedy:
+        kwargs.update(temperature=sampling.temperature,
+                      top_k=sampling.top_k if sampling.top_k is not None else 0,  # 0: no top-k (its default is 50)
+                      top_p=sampling.top_p if sampling.top_p is not None else 1.0)
     if assistant is not None:
         assert gamma is not None and gamma >= 1, "assisted generation needs gamma >= 1"
-        set_assistant_tokens(assistant, gamma)
+        config = assistant.generation_config
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
+        config.assistant_confidence_threshold = 0.0
         kwargs["assistant_model"] = assistant
     attention_mask = torch.ones_like(input_ids)  # one unpadded sequence
     return hf_target.generate(input_ids, attention_mask=attention_mask, **kwargs)

@@ -155,3 +155,13 @@ def generate(
             break
         logits = model(token[:, None], cache)[:, -1]  # (B, 1) -> (B, V)
     return torch.cat(out, dim=1)  # (B, T + n)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ, the end of the shorter
+    one counting as a difference; None if they are equal. (How a speculative
+    run is compared with the baseline above.)"""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

@@ -1,61 +1,118 @@
-"""benchmarks/decode_speed.py: a short run on the gpt2 shape writes its report
-with the bandwidth bound taken from samples between the timed calls. Speed
-itself is never asserted here."""
+"""benchmarks/decode_speed.py on tiny shapes: a short run writes its report,
+with the bandwidth bound taken from samples around the timed calls, r_k up
+to k = 32 with and without a tree mask, and the bytes an int8 step reads; the
+loaded mode (--busy) reports quiet and loaded rows and always stops its
+spinning processes. Speed itself is never asserted here."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import torch
 
-from benchmarks.common import run_cli
-from benchmarks.decode_speed import main
+from benchmarks.common import TINY_TARGET, run_cli
+from benchmarks.decode_speed import Spinners, main, tree_mask
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: a thread pool only adds waiting
+
+LABELS = ("ours", "ours, int8 weights", "ours, readable", "ours, tree mask", "ours, int8 weights, tree mask",
+          "ours, readable, tree mask")
 
 
-def test_a_short_run_writes_the_report_and_the_bound(tmp_path, capsys):
+def test_a_short_run_writes_the_report_and_the_bound(tmp_path, fast_kernels):
     out = tmp_path / "ds"
-    args = ["--models", "gpt2", "--repeats", "2", "--warmup", "0", "--ks", "2", "5", "--prefix", "8",
-            "--long", "4", "--no-transformers", "--plain-linear", "--plain-attention", "--module-blocks", "--int8",
-            "--bandwidth-mib", "16", "--out", str(out)]
+    args = ["--models", "tiny", "--repeats", "2", "--warmup", "0", "--ks", "2", "5", "32", "--prefix", "8",
+            "--long", "4", "--no-transformers", "--readable", "--tree-mask", "--int8", "--bandwidth-mib", "16",
+            "--out", str(out)]
     assert run_cli(main, args) == 0
     report = (out / "decode_speed.md").read_text(encoding="utf-8")
-    for label in ("ours", "ours, int8 weights", "ours, Block modules", "ours, F.linear + SDPA", "ours, SDPA attention"):
-        assert f"| gpt2 | {label} |" in report
-    assert "r_5" in report and "step @12 (ms)" in report and "% of bound @12" in report
+    for label in LABELS:
+        assert f"| tiny | {label} |" in report
+    assert "| k=2 | k=5 | k=32 |" in report and "r_5" in report and "% of bound @12" in report
+    assert "- forward pass: fast path: C kernels" in report  # gpt2.fast.status of the model
     result = json.loads((out / "decode_speed.json").read_text(encoding="utf-8"))["results"][0]
     assert result["contexts"] == {"short": 8, "long": 12}
-    # The bound at the long context adds 4 positions of keys and values, 12 layers x 768 floats each, twice.
-    assert result["step_bytes"]["long"] - result["step_bytes"]["short"] == 2 * 12 * 4 * 768 * 4
-    assert len(result["implementations"]) == 5
-    # int8 weights: each of the 12 x 4 block matrices and wte (the LM head) read as 1 byte a weight instead
-    # of 4, plus a float32 scale per row.
-    matrices = 12 * (768 * 3 * 768 + 768 * 768 + 768 * 4 * 768 + 4 * 768 * 768) + 50257 * 768
-    rows = 12 * (3 * 768 + 768 + 4 * 768 + 768) + 50257
-    int8 = result["implementations"]["ours, int8 weights"]
-    assert result["step_bytes"]["short"] - int8["short"]["step_bytes"] == 3 * matrices - 4 * rows
-    assert result["max_abs_logit_diff"]["ours, int8 weights"] <= 1e-3  # against its own readable path
+    assert list(result["implementations"]) == list(LABELS) and "loaded" not in result
+    for diff in result["max_abs_logit_diff"].values():  # each against the readable path of its model and mask
+        assert diff <= 1e-4
+
+    c = TINY_TARGET
+    # The long context adds 4 positions of keys and values, L layers x C floats each, twice.
+    assert result["step_bytes"]["long"] - result["step_bytes"]["short"] == 2 * c.n_layer * 4 * c.n_embd * 4
+    # int8: each block matrix and wte (the LM head) read as 1 byte a weight instead of 4, plus a scale per row.
+    C, L, V = c.n_embd, c.n_layer, c.vocab_size
+    matrices = L * (C * 3 * C + C * C + C * 4 * C + 4 * C * C) + V * C
+    rows = L * (3 * C + C + 4 * C + C) + V
     for label, entry in result["implementations"].items():
-        for slot in ("short", "long"):
+        int8 = label.startswith("ours, int8")
+        for slot, ks in (("short", {"2", "5", "32"}), ("long", {"5"})):
             e = entry[slot]
-            if label != "ours, int8 weights":
-                assert e["step_bytes"] == result["step_bytes"][slot]
+            assert result["step_bytes"][slot] - e["step_bytes"] == (3 * matrices - 4 * rows if int8 else 0)
             steps, bandwidth = entry["samples"][f"{slot} k=1"], entry["samples"][f"{slot} bandwidth"]
             assert len(steps) == len(bandwidth) == 2  # one bandwidth (around the step) per timed step
             assert e["bound_s"] == pytest.approx(e["step_bytes"] / e["read_bandwidth_bytes_per_s"])
             # the fraction pairs each step with its own bandwidth sample: median of bound_i / step_i
-            expected = sorted(e["step_bytes"] / bw / t for bw, t in zip(bandwidth, steps))
-            assert e["fraction_of_bound"] == pytest.approx(sum(expected) / 2)
-            # r_5 pairs the verification and the step of each repeat: the median of t_v(5)_i / t_step_i
+            assert e["fraction_of_bound"] == pytest.approx(sum(e["step_bytes"] / bw / t
+                                                               for bw, t in zip(bandwidth, steps)) / 2)
+            # r_k pairs the verification and the step of each repeat: the median of t_v(k)_i / t_step_i
             verify = entry["samples"][f"{slot} k=5"]
             assert e["r"]["5"] == pytest.approx(sum(v / t for v, t in zip(verify, steps)) / 2)
             assert e["r_of_medians"]["5"] == pytest.approx(e["verify_s"]["5"] / e["step_s"])
-        assert set(entry["short"]["r"]) == {"2", "5"} and set(entry["long"]["r"]) == {"5"}  # JSON keys
+            assert set(e["r"]) == ks  # JSON keys
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [(["--ks", "1"], "--ks are verification lengths"), (["--models", "gpt5"], "gpt5"), (["--repeats", "0"], "--repeats")],
-)
+def test_the_loaded_mode_reports_quiet_and_loaded_rows(tmp_path):
+    out = tmp_path / "busy"
+    transformers = pytest.importorskip("transformers") is not None
+    args = ["--models", "tiny", "--draft", "tiny-draft", "--busy", "1", "--repeats", "1", "--warmup", "0",
+            "--ks", "5", "--prefix", "8", "--long", "0", "--gen", "8", "--bandwidth-mib", "16", "--out", str(out)]
+    assert run_cli(main, args) == 0
+    report = (out / "decode_speed.md").read_text(encoding="utf-8")
+    for load in ("quiet", "1 busy"):
+        assert f"| tiny | {load} | ours |" in report
+        assert f"| tiny | {load} | transformers |" in report or not transformers
+    assert "## Speculative decoding under load: tiny-draft -> tiny, simulated α = 0.8, γ = 4" in report
+    assert "\n| quiet | " in report and "\n| 1 busy | " in report  # the speedup, one row each
+    payload = json.loads((out / "decode_speed.json").read_text(encoding="utf-8"))
+    result = payload["results"][0]
+    assert set(result["loaded"]) == set(result["implementations"])
+    assert set(result["loaded"]["ours"]["short"]["r"]) == {"5"}
+    speedup = payload["speedup"]
+    assert speedup["quiet"]["speedup"] > 0 and speedup["loaded"]["speedup"] > 0
+    assert 0 <= speedup["alpha"] <= 1
+
+
+def test_spinners_run_only_inside_their_phase_and_always_stop():
+    spinners = Spinners(2)
+    with spinners.running(False):
+        assert spinners.processes == []
+    with pytest.raises(RuntimeError), spinners.running(True):
+        started = list(spinners.processes)
+        assert len(started) == 2 and all(p.poll() is None for p in started)  # spinning
+        raise RuntimeError("a failed measurement")
+    assert spinners.processes == [] and all(p.poll() is not None for p in started)  # stopped all the same
+
+
+def test_tree_mask_is_a_binary_trees_ancestor_mask():
+    expected = torch.tensor([[1, 0, 0, 0, 0],  # node 0: the root
+                             [1, 1, 0, 0, 0],  # 1 and 2: children of 0
+                             [1, 0, 1, 0, 0],
+                             [1, 1, 0, 1, 0],  # 3 and 4: children of 1
+                             [1, 1, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(tree_mask(5), expected)
+    depth = tree_mask(32).sum(dim=1) - 1  # what the model adds to a node's position
+    assert depth.tolist() == [int(math.log2(i + 1)) for i in range(32)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ks", "1"], "--ks are verification lengths"),
+    (["--ks", "65"], "--ks are verification lengths"),
+    (["--models", "gpt5"], "gpt5"),
+    (["--repeats", "0"], "--repeats"),
+    (["--busy", "-1"], "--busy"),
+])
 def test_user_mistakes_exit_with_one_line(args, message, capsys):
     assert run_cli(main, args) == 2
     err = capsys.readouterr().err.strip()

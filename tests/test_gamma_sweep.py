@@ -1,7 +1,8 @@
 """The gamma sweep benchmark (benchmarks/gamma_sweep.py, sweep_report.py):
-a tiny sweep writes all four outputs with the documented columns, the
-prediction formula on known values, the simulated drafter's acceptance rate,
-and greedy output under simulation. Speed itself is never asserted here."""
+a tiny sweep writes all five outputs with the documented columns and the
+theory of spec_decoding/stats.py, the start-up prediction on known values,
+pooled statistics, the simulated drafter's α, and greedy output under
+simulation. Speed itself is never asserted here."""
 
 from __future__ import annotations
 
@@ -17,15 +18,10 @@ import torch
 
 from benchmarks.common import load_prompt_tokenizer, run_cli
 from benchmarks.gamma_sweep import main
-from benchmarks.sweep_report import (
-    COLUMNS,
-    PEER_COLUMNS,
-    leviathan_alpha,
-    predicted_speedup,
-    predicted_speedup_with_start,
-)
+from benchmarks.sweep_report import COLUMNS, PEER_COLUMNS, pooled, predicted_speedup_with_start
 from gpt2 import GPT2, GPT2Config, generate, init_random_weights
-from spec_decoding import SimulatedDrafter, SpecStats, speculative_generate
+from spec_decoding import SimulatedDrafter, SpecStats, expected_tokens_per_step, predicted_speedup
+from spec_decoding import speculative_generate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 OUTPUTS = ("sweep.md", "sweep.csv", "sweep.json", "speedup_vs_gamma.png", "acceptance_per_position.png")
@@ -35,13 +31,8 @@ TINY_SWEEP = ["--tiny", "--gamma", "1", "3", "--max-gen", "6", "10", "--prompts"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny models here are latency-bound: a second OpenMP thread only adds
-    synchronisation (and spins when the machine is shared), so run on one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def one_thread(single_thread):
+    """The tiny models here are latency-bound: one thread (conftest's `single_thread`)."""
 
 
 @pytest.fixture(scope="module")
@@ -60,26 +51,16 @@ def read_csv(path: Path) -> tuple[list[str], list[dict]]:
         return list(reader.fieldnames), list(reader)
 
 
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
 # ---------------------------------------------------------------------------
-# The prediction formula
+# The theory the report uses
 # ---------------------------------------------------------------------------
-
-
-def test_predicted_speedup_known_values():
-    # alpha 0.8, gamma 4: E = (1 - 0.8^5) / 0.2 = 3.3616 tokens per step; a step
-    # costs 4 * 1 + 12 = 16 while plain decoding costs 10 per token.
-    assert predicted_speedup(0.8, 4, t_draft=1.0, t_target=10.0, t_verify=12.0) == pytest.approx(3.3616 * 10 / 16)
-    # alpha 0: one token per step, so only the costs matter.
-    assert predicted_speedup(0.0, 2, t_draft=1.0, t_target=10.0, t_verify=10.0) == pytest.approx(10 / 12)
-    # alpha 1: every draft accepted, gamma + 1 tokens per step.
-    assert predicted_speedup(1.0, 3, t_draft=2.0, t_target=10.0, t_verify=11.0) == pytest.approx(4 * 10 / 17)
-
-
-@pytest.mark.parametrize("alpha, gamma, c", [(0.6, 2, 0.05), (0.8, 5, 0.1), (0.9, 8, 0.02)])
-def test_predicted_speedup_is_leviathans_factor_when_verifying_costs_one_step(alpha, gamma, c):
-    # Leviathan et al. 2023, Theorem 3.8: (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)).
-    leviathan = (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
-    assert predicted_speedup(alpha, gamma, t_draft=c * 0.3, t_target=0.3, t_verify=0.3) == pytest.approx(leviathan)
 
 
 def test_prediction_with_start_up_costs():
@@ -93,12 +74,17 @@ def test_prediction_with_start_up_costs():
     )
 
 
-def test_alpha_counts_only_the_drafted_tokens_verification_reached():
-    stats = SpecStats(gamma=4)
-    stats.record_step(drafted=4, accepted=1, emitted=2)  # positions 1, 2 judged: 1 accepted
-    stats.record_step(drafted=4, accepted=4, emitted=5)  # positions 1..4 judged: all accepted
-    assert leviathan_alpha([stats]) == pytest.approx(5 / 6)
-    assert stats.acceptance_rate == pytest.approx(5 / 8)  # accepted / drafted: a different number
+def test_pooled_stats_give_alpha_over_all_judged_tokens():
+    a, b = SpecStats(gamma=4), SpecStats(gamma=2)
+    a.record_step(drafted=4, accepted=1, target_token=True)  # positions 1, 2 judged: 1 accepted
+    a.record_step(drafted=4, accepted=4, target_token=True)  # positions 1..4 judged: all accepted
+    b.record_step(drafted=2, accepted=0, target_token=True)  # position 1 judged: rejected
+    total = pooled([a, b])
+    assert (total.accepted, total.drafted, total.new_tokens, total.target_calls) == (5, 10, 8, 3)
+    assert total.alpha == pytest.approx(5 / 7)  # accepted / judged
+    assert total.accepted_per_drafted == pytest.approx(5 / 10)  # a different number
+    assert total.reached_at == [3, 2, 1, 1] and total.accepted_at == [2, 1, 1, 1]
+    assert total.accepted_hist == [1, 1, 0, 0, 1]
 
 
 # ---------------------------------------------------------------------------
@@ -140,7 +126,7 @@ def test_simulated_acceptance_is_alpha_within_four_standard_errors(simulated_run
     assert drafted >= 2000, f"only {drafted} drafted positions: the check needs more"
     # Each reached position is one Bernoulli(ALPHA) trial.
     tolerance = 4 * math.sqrt(ALPHA * (1 - ALPHA) / reached)
-    assert abs(leviathan_alpha(stats) - ALPHA) < tolerance, (leviathan_alpha(stats), reached)
+    assert abs(pooled(stats).alpha - ALPHA) < tolerance, (pooled(stats).alpha, reached)
 
 
 def test_greedy_output_under_simulation_equals_the_baseline(simulated_runs):
@@ -158,8 +144,9 @@ def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path, pro
     assert main(TINY_SWEEP + ["--out", str(tmp_path)]) == 0
     for name in OUTPUTS:
         assert (tmp_path / name).is_file() and (tmp_path / name).stat().st_size > 0, name
-    for name in OUTPUTS[3:]:
-        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    # One axis that fits a laptop screen, and a small acceptance plot.
+    assert png_size(tmp_path / "speedup_vs_gamma.png") == (1000, 700)
+    assert png_size(tmp_path / "acceptance_per_position.png") == (800, 500)
 
     header, rows = read_csv(tmp_path / "sweep.csv")
     assert header == list(COLUMNS)
@@ -168,6 +155,11 @@ def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path, pro
         assert r["alpha_sim"] == ""  # the real draft
         assert int(r["tokens"]) == 2 * int(r["max_gen"])  # two prompts, end-of-text ignored
         assert float(r["speedup_min"]) <= float(r["speedup"]) <= float(r["speedup_max"])
+        # The theory columns are spec_decoding.stats' functions at the pooled alpha.
+        alpha, gamma = float(r["alpha"]), int(r["gamma"])
+        assert float(r["expected_tokens"]) == pytest.approx(expected_tokens_per_step(alpha, gamma))
+        assert float(r["predicted_speedup"]) == pytest.approx(predicted_speedup(
+            alpha, gamma, float(r["t_draft_ms"]), float(r["t_target_ms"]), float(r["t_verify_ms"])))
         assert float(r["efficiency"]) == pytest.approx(float(r["speedup"]) / float(r["predicted_speedup"]))
         assert float(r["c"]) == pytest.approx(float(r["t_draft_ms"]) / float(r["t_target_ms"]))
         assert r["identical_runs"] == r["compared_runs"] == "4"  # greedy: 2 prompts x 2 repeats, all lossless
@@ -175,7 +167,8 @@ def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path, pro
     report = json.loads((tmp_path / "sweep.json").read_text())
     for key in ("device", "device_name", "dtype", "torch", "threads", "models", "date"):
         assert key in report["environment"], key
-    assert report["environment"]["models"]["target"].startswith("tiny-target")
+    assert report["environment"]["models"] == {"target": "tiny", "draft": "tiny-draft"}
+    assert report["environment"]["path"].startswith(("fast path", "readable path"))  # gpt2.fast.status
     assert list(report["columns"]) == list(COLUMNS)
     assert len(report["rows"]) == 4 and len(report["cells"][1]["position_acceptance"]) == 3
 
@@ -199,7 +192,7 @@ def test_simulated_sweep_is_labelled_and_controls_acceptance(tmp_path, prompt_to
         assert r["identical_runs"] == r["compared_runs"] == "4"  # greedy output unchanged by the simulation
         if float(r["alpha_sim"]) == 1.0:
             assert float(r["alpha"]) == 1.0
-            assert float(r["accepted_over_drafted"]) == 1.0
+            assert float(r["accepted_per_drafted"]) == 1.0
 
 
 def test_int8_sweep_quantises_both_models_and_stays_lossless_against_the_int8_target(tmp_path, prompt_tokenizer):
@@ -208,7 +201,7 @@ def test_int8_sweep_quantises_both_models_and_stays_lossless_against_the_int8_ta
     assert main(args) == 0
     md = (tmp_path / "sweep.md").read_text()
     assert "INT8 WEIGHTS: both models' weight matrices are quantised" in md
-    assert "- dtype: float32, int8 weights (gpt2/quantize.py)" in md
+    assert "- dtype: float32, int8 weights (gpt2/fast/quantize.py)" in md
     assert json.loads((tmp_path / "sweep.json").read_text())["environment"]["quantize"] == "int8"
     _, (row,) = read_csv(tmp_path / "sweep.csv")
     assert row["identical_runs"] == row["compared_runs"] == "1"  # the int8 pair reproduces the int8 target
@@ -249,8 +242,10 @@ def test_user_mistakes_exit_with_one_line(args, message, capsys, tmp_path):
     assert err.startswith("error: ") and message in err and "\n" not in err
 
 
-def test_runs_as_a_script_by_path():
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gamma_sweep.py"), "--help"],
-                          capture_output=True, text=True, cwd=REPO_ROOT.parent, timeout=120)
+@pytest.mark.parametrize("module, option", [("gamma_sweep", "--simulate-acceptance"), ("decode_speed", "--busy"),
+                                            ("parity_check", "--tie-tolerance")])
+def test_runs_as_a_module_from_the_repository_root(module, option):
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "--simulate-acceptance" in done.stdout
+    assert option in done.stdout
