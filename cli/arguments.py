@@ -19,6 +19,7 @@ DEFAULT_PROMPT = (
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEFAULT_GAMMA = 4
+DEFAULT_TREE = "3,1"  # spec_decoding.tree.DEFAULT_TREE (not imported here: --help answers without torch)
 
 # The library names a sampling setting by its argument; the user knows it by its flag.
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
@@ -56,10 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"tokens the draft proposes per step, a chain, >= 1 (default: {DEFAULT_GAMMA}, unless a tree is given)",
     )
     parser.add_argument(
-        "--tree", default=None, metavar="SHAPE",
+        "--tree", nargs="?", const=DEFAULT_TREE, default=None, metavar="SHAPE",
         help="draft a token tree instead of a chain: children per node at each depth, e.g. 3,2,1,1 (3 candidates "
         "for the next token, 2 for the one after each, ...); the target verifies the whole tree in one pass and "
-        "keeps the longest path it agrees with (spec_decoding/tree_loop.py)",
+        f"keeps the longest path it agrees with (spec_decoding/tree_loop.py); --tree alone: {DEFAULT_TREE}",
     )
     parser.add_argument(
         "--tree-nodes", type=int, default=None, metavar="N",

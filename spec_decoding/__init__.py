@@ -6,12 +6,13 @@ from .acceptance import Verdict, residual_distribution, speculative_sampling, sp
 from .drafters import Draft, ModelDrafter, SimulatedDrafter
 from .loop import speculative_generate
 from .stats import SpecStats, expected_tokens_per_step, improvement_factor, predicted_speedup
-from .tree import TokenTree, TreeShape
+from .tree import DEFAULT_TREE, TokenTree, TreeShape
 from .tree_acceptance import TreeVerdict, tree_greedy, tree_sampling
 from .tree_drafting import SimulatedTreeDrafter, TreeDraft, TreeDrafter
 from .tree_loop import tree_speculative_generate
 
 __all__ = [
+    "DEFAULT_TREE",
     "Draft",
     "ModelDrafter",
     "SimulatedDrafter",

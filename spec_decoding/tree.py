@@ -121,6 +121,11 @@ class TokenTree:
         return "\n".join(lines)
 
 
+# The shape `--tree` drafts when given no value: the best tree of benchmarks/tree_speed.py on a CPU,
+# where verifying more tokens costs more (see docs/speculative_decoding.md, "What a tree trades off").
+DEFAULT_TREE = "3,1"
+
+
 @dataclass(frozen=True)
 class TreeShape:
     """How a drafter grows a token tree: either a static shape, `branching[d]`

@@ -314,6 +314,15 @@ def test_a_tree_gives_the_targets_own_output_and_its_stats(capsys, folders, sing
     assert "step 1:" not in result.stderr, "no drawings unless asked"
 
 
+def test_tree_alone_drafts_the_default_shape(capsys, folders, single_thread):
+    from cli.arguments import DEFAULT_TREE
+    from spec_decoding.tree import DEFAULT_TREE as LIBRARY_DEFAULT_TREE
+
+    result = run_main(capsys, *local_models(folders), "--tree", "--json")
+    assert_ok(result)
+    assert json.loads(result.stdout)["settings"]["tree"] == DEFAULT_TREE == LIBRARY_DEFAULT_TREE
+
+
 def test_a_dynamic_tree_in_json(capsys, folders, single_thread):
     result = run_main(capsys, *local_models(folders), "--tree-nodes", "6", "--tree-depth", "3", "--json")
     assert_ok(result)
