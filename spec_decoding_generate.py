@@ -10,7 +10,8 @@ and the target accepted in green, tokens the target chose itself in yellow
 tokens per target call, forward calls, tokens/s (Leviathan et al. 2023,
 Algorithm 1; Chen et al. 2023). With --compare the target also decodes alone:
 the measured speedup, the one α and the step costs predict, and (greedy)
-whether both outputs are identical.
+whether both outputs are identical. With --tree 3,2,1,1 (or --tree-nodes N
+--tree-depth D) the draft proposes a token tree, and --show-tree draws each.
 
 stdout carries the text and the stats (or, with --json, exactly one JSON
 object); downloads, progress bars and notes go to stderr. The options and
@@ -34,6 +35,7 @@ from cli.arguments import (
     EXIT_UNEXPECTED,
     build_parser,
     check_settings,
+    check_tree,
     read_prompt,
 )
 
@@ -120,10 +122,11 @@ def per_second(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
-def run(args: argparse.Namespace, sampling, prompt: str) -> int:
+def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     """Loads, generates (streaming), compares if asked, reports. Returns the exit code.
 
-    `sampling`: the checked `SamplingConfig` of args (`check_settings`)."""
+    `sampling`: the checked `SamplingConfig` of args (`check_settings`);
+    `tree`: the `TreeShape` to draft, or None for a chain (`check_tree`)."""
     import torch
 
     from cli import report
@@ -151,7 +154,7 @@ def run(args: argparse.Namespace, sampling, prompt: str) -> int:
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if out is not None:
         report.print_header(
-            draft=args.draft, target=args.target, gamma=args.gamma, max_gen=args.max_gen,
+            draft=args.draft, target=args.target, gamma=args.gamma, tree=tree, max_gen=args.max_gen,
             decoding=report.describe_decoding(sampling, args.seed), device=device, dtype=dtype, quantize=quantize,
             color=color,
         )
@@ -159,7 +162,7 @@ def run(args: argparse.Namespace, sampling, prompt: str) -> int:
         out.flush()
 
     stream = TokenStream(tokenizer, out, color)
-    stats, spec_seconds, interrupted = speculate(args, sampling, target, draft, input_ids, stream)
+    stats, spec_seconds, interrupted = speculate(args, sampling, tree, target, draft, input_ids, stream)
     if out is not None:
         out.write("\n")
         if interrupted:
@@ -193,7 +196,7 @@ def run(args: argparse.Namespace, sampling, prompt: str) -> int:
             "settings": {
                 "draft": args.draft, "target": args.target,
                 "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
-                "gamma": args.gamma, "max_gen": args.max_gen,
+                "gamma": args.gamma, "tree": None if tree is None else str(tree), "max_gen": args.max_gen,
                 "temperature": args.temperature, "greedy": sampling.greedy,
                 "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
                 "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
@@ -221,29 +224,42 @@ def run(args: argparse.Namespace, sampling, prompt: str) -> int:
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
-def speculate(args, sampling, target, draft, input_ids, stream):
-    """`speculative_generate`, committing into `stream` as it goes. Ctrl-C
+def speculate(args, sampling, tree, target, draft, input_ids, stream):
+    """`speculative_generate` (a chain), or `tree_speculative_generate` when
+    `tree` is a TreeShape, committing into `stream` as it goes. With
+    --show-tree or --debug each verified tree is drawn on stderr. Ctrl-C
     stops it; what was committed and counted until then stays.
 
     Returns:
         (SpecStats, seconds, interrupted).
     """
+    from cli import report
     from gpt2 import END_OF_TEXT_ID
-    from spec_decoding import SpecStats, speculative_generate
+    from spec_decoding import SpecStats, speculative_generate, tree_speculative_generate
     from spec_decoding.loop import clock
 
     device = input_ids.device
-    stats = SpecStats(args.gamma)  # passed in, so that its counts survive a Ctrl-C
+    # passed in, so that its counts survive a Ctrl-C
+    stats = SpecStats(args.gamma) if tree is None else SpecStats(tree.max_depth, tree=str(tree))
+    generator = seeded_generator(args.seed, device)
     interrupted = False
     t0 = clock(device)
     try:
-        speculative_generate(
-            target, draft, input_ids,
-            gamma=args.gamma, max_new_tokens=args.max_gen,
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-            eos_id=END_OF_TEXT_ID, generator=seeded_generator(args.seed, device),
-            on_step=stream.on_step, stats=stats,
-        )
+        if tree is None:
+            speculative_generate(
+                target, draft, input_ids,
+                gamma=args.gamma, max_new_tokens=args.max_gen,
+                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                eos_id=END_OF_TEXT_ID, generator=generator, on_step=stream.on_step, stats=stats,
+            )
+        else:
+            tree_speculative_generate(
+                target, draft, input_ids,
+                tree=tree, max_new_tokens=args.max_gen,
+                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                eos_id=END_OF_TEXT_ID, generator=generator, on_step=stream.on_step, stats=stats,
+                on_tree=report.tree_drawer(stream.tokenizer) if args.show_tree or args.debug else None,
+            )
     except KeyboardInterrupt:
         interrupted = True
     seconds = clock(device) - t0
@@ -288,9 +304,13 @@ def compare_with_target_alone(
         "target": statistics.median(target_steps),  # t_t, around the speculative run
         "verify": stats.verify_seconds / stats.target_calls,  # t_v(γ + 1)
     }
-    predicted = predicted_speedup(
-        stats.alpha, args.gamma, step_seconds["draft"], step_seconds["target"], step_seconds["verify"]
-    )
+    if stats.tree is None:
+        predicted = predicted_speedup(
+            stats.alpha, args.gamma, step_seconds["draft"], step_seconds["target"], step_seconds["verify"]
+        )
+    else:  # a tree has no closed form in α: its measured tokens per call over the measured cost of a step
+        step = (stats.draft_seconds + stats.verify_seconds) / stats.target_calls
+        predicted = stats.tokens_per_target_call * step_seconds["target"] / step
 
     print("decoding with the target alone for --compare ...", file=sys.stderr)
     device = input_ids.device
@@ -356,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.reconfigure(errors="replace")  # a non-UTF-8 terminal shows '?' instead of crashing
     try:
         sampling = check_settings(args)
-        return run(args, sampling, read_prompt(args))
+        tree = check_tree(args)
+        return run(args, sampling, tree, read_prompt(args))
     except KeyboardInterrupt:  # before generation started (loading, downloading)
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -1,5 +1,6 @@
 """The gamma x max_gen sweep: the measured speedup of speculative decoding
 beside the one theory predicts from measured step costs (sweep_report.py).
+With --tree, token tree shapes are swept beside the gammas (tree_loop.py).
 
 Each cell (max_gen, gamma, simulated acceptance) is timed against the
 baseline `gpt2.generate` on the same prompts, back to back in every repeat
@@ -11,6 +12,7 @@ is ignored: every run emits max_gen tokens.
     python -m benchmarks.gamma_sweep                       # gpt2 -> gpt2-large, full sweep
     python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.7 0.9 --quick
     python -m benchmarks.gamma_sweep --random-weights --draft-equals-target --peer transformers --quick
+    python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.8 --tree 2 3,1 "nodes 8 depth 4"
 
 Outputs (--out, default benchmarks/results/gamma_sweep-<UTC time>/): sweep.md, sweep.csv,
 sweep.json (columns: sweep_report.COLUMNS), speedup_vs_gamma.png, acceptance_per_position.png.
@@ -30,9 +32,11 @@ from tqdm import tqdm
 from benchmarks import sweep_report
 from benchmarks.common import ModelPair, build_pair, encode_prompts, environment, load_prompt_tokenizer
 from benchmarks.common import results_dir, run_cli
+from benchmarks.tree_speed import parse_shape
 from benchmarks.prompts import PROMPTS
 from gpt2 import SamplingConfig, fast, generate
-from spec_decoding import SimulatedDrafter, SpecStats, speculative_generate
+from spec_decoding import SimulatedDrafter, SimulatedTreeDrafter, SpecStats, TokenTree, TreeShape
+from spec_decoding import speculative_generate
 from spec_decoding.loop import clock
 
 
@@ -49,6 +53,11 @@ class SweepSettings:
         repeats, warmup: timed repeats after warm-up rounds.
         component_calls: timed calls per repeat of each of t_d, t_t, t_v.
         peer: "transformers" to run its assisted generation beside ours.
+        trees: token tree shapes swept beside the gammas ("3,2,1" or
+            "nodes 16 depth 5"); a tree cell's gamma is its depth.
+        tree_profile: for simulated trees, the probability that the
+            target's token is the draft's 2nd, 3rd, ... candidate at a depth
+            (the 1st: the simulated acceptance rate).
     """
 
     gammas: tuple[int, ...] = (1, 2, 4, 8)
@@ -60,6 +69,8 @@ class SweepSettings:
     warmup: int = 1
     component_calls: int = 10
     peer: str | None = None
+    trees: tuple[str, ...] = ()
+    tree_profile: tuple[float, ...] = (0.15, 0.07)
 
     def __post_init__(self) -> None:
         for name in ("gammas", "max_gens"):
@@ -77,6 +88,19 @@ class SweepSettings:
             raise ValueError(f"unknown peer {self.peer!r}: the only peer is 'transformers'")
         if self.repeats < 1 or self.warmup < 0 or self.component_calls < 1:
             raise ValueError("repeats and component calls must be >= 1 and warm-up >= 0")
+        self.shapes  # each tree shape parses, or a ValueError says how to write it
+        if self.trees and self.peer:
+            raise ValueError("--peer has no token trees (transformers' assisted generation drafts a chain): "
+                             "drop --tree or --peer")
+        for a in self.simulate:
+            if any(p < 0 for p in self.tree_profile) or (self.trees and a + sum(self.tree_profile) > 1 + 1e-9):
+                raise ValueError(f"a simulated tree's profile (alpha_sim {a:g}, then --tree-profile "
+                                 f"{' '.join(f'{p:g}' for p in self.tree_profile)}) must be >= 0 and sum to <= 1")
+
+    @property
+    def shapes(self) -> dict[str, TreeShape]:
+        """The token trees to sweep, by their text."""
+        return {text: parse_shape(text) for text in self.trees}
 
     @property
     def alpha_settings(self) -> tuple[float | None, ...]:
@@ -92,6 +116,7 @@ class Cell:
     max_gen: int
     gamma: int
     alpha_sim: float | None
+    tree: str | None = None  # a token tree's shape (its depth is gamma), or None: a chain
     spec_seconds: list[float] = field(default_factory=list)
     stats: list[SpecStats] = field(default_factory=list)  # repeat 0, one per prompt
     tokens: int = 0  # new tokens of one repeat
@@ -115,15 +140,16 @@ class Baseline:
 @dataclass
 class Components:
     """Seconds of the costs the prediction is built from, at one max_gen:
-    t_draft, t_target, t_verify[gamma] (= t_v(gamma + 1)) with `context_len`
-    positions cached; t_start_*: a new KV cache and the prefill of a
+    t_draft, t_target, t_verify[gamma] (= t_v(gamma + 1)) and t_verify[tree]
+    (a pass over the tree's nodes with its mask) with `context_len` positions
+    cached; t_start_*: a new KV cache and the prefill of a
     `prompt_len`-token prompt."""
 
     prompt_len: int
     context_len: int
     t_draft: list[float] = field(default_factory=list)
     t_target: list[float] = field(default_factory=list)
-    t_verify: dict[int, list[float]] = field(default_factory=dict)
+    t_verify: dict[int | str, list[float]] = field(default_factory=dict)
     t_start_target: list[float] = field(default_factory=list)
     t_start_draft: list[float] = field(default_factory=list)
 
@@ -146,9 +172,12 @@ class ComponentTimer:
     runs describe another machine than the one the runs saw."""
 
     @torch.inference_mode()
-    def __init__(self, pair: ModelPair, comp: Components, gammas: tuple[int, ...], seed: int) -> None:
+    def __init__(self, pair: ModelPair, comp: Components, gammas: tuple[int, ...], seed: int,
+                 trees: dict[str, TreeShape] | None = None) -> None:
         self.device = pair.device
-        length = max(comp.context_len + max(gammas) + 1, comp.prompt_len)
+        masks = {text: largest_tree(shape).ancestor_mask() for text, shape in (trees or {}).items()}  # (N, N) each
+        length = max(comp.context_len + max([g + 1 for g in gammas] + [m.size(0) for m in masks.values()]),
+                     comp.prompt_len)
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(pair.target.config.vocab_size, (1, length), generator=g).to(self.device)  # (1, length)
         P = comp.context_len
@@ -156,10 +185,10 @@ class ComponentTimer:
         for model, cache in caches.items():
             model(ids[:, :P], cache, last_logits_only=True)
 
-        def step(model, n: int):
+        def step(model, n: int, mask: torch.Tensor | None = None):
             def call():
                 caches[model].rewind(P)
-                model(ids[:, P : P + n], caches[model])  # (1, n) new tokens
+                model(ids[:, P : P + n], caches[model], mask=mask)  # (1, n) new tokens
             return call
 
         def start(model):
@@ -167,6 +196,8 @@ class ComponentTimer:
 
         self.timed = [(comp.t_target, step(pair.target, 1)), (comp.t_draft, step(pair.draft, 1)),
                       *((comp.t_verify.setdefault(gamma, []), step(pair.target, gamma + 1)) for gamma in gammas),
+                      *((comp.t_verify.setdefault(text, []), step(pair.target, mask.size(0), mask))
+                        for text, mask in masks.items()),
                       (comp.t_start_target, start(pair.target)), (comp.t_start_draft, start(pair.draft))]
         for _, call in self.timed:  # warm-up
             call()
@@ -207,19 +238,26 @@ class Runner:
                           top_p=s.top_p, generator=self.generator(p))
 
     def speculative(self, ids: torch.Tensor, n: int, p: int, gamma: int, alpha_sim: float | None,
-                    reference: torch.Tensor | None) -> tuple[tuple[torch.Tensor, SpecStats], float]:
-        """One run; with `alpha_sim` the drafter copies `reference` (the baseline's
-        greedy output) with that probability, built inside the timed region as
-        the loop builds a ModelDrafter."""
+                    reference: torch.Tensor | None, tree: str | None = None
+                    ) -> tuple[tuple[torch.Tensor, SpecStats], float]:
+        """One run, of a chain of `gamma` or of the token tree `tree`; with
+        `alpha_sim` the drafter copies `reference` (the baseline's greedy
+        output) with that probability (a tree: as its first candidate, its
+        2nd, 3rd, ... with --tree-profile's), built inside the timed region
+        as the loop builds a ModelDrafter."""
         s = self.settings.sampling
+        shape = None if tree is None else self.settings.shapes[tree]
 
         def run():
             draft = self.pair.draft
-            if alpha_sim is not None:
+            if alpha_sim is not None and shape is None:
                 draft = SimulatedDrafter(draft, reference, alpha_sim, seed=self.settings.seed + p)
-            return speculative_generate(self.pair.target, draft, ids, gamma=gamma, max_new_tokens=n,
-                                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                        generator=self.generator(p))
+            elif alpha_sim is not None:
+                profile = (alpha_sim, *self.settings.tree_profile)
+                draft = SimulatedTreeDrafter(draft, reference, profile, seed=self.settings.seed + p)
+            how = {"gamma": gamma} if shape is None else {"tree": shape}
+            return speculative_generate(self.pair.target, draft, ids, max_new_tokens=n, temperature=s.temperature,
+                                        top_k=s.top_k, top_p=s.top_p, generator=self.generator(p), **how)
 
         return self.timed(run)
 
@@ -243,10 +281,13 @@ def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings
         raise ValueError(f"a prompt of {longest} tokens plus max_gen {max(settings.max_gens)} exceeds the context "
                          f"window of {n_ctx}: use a smaller --max-gen")
     runner = Runner(pair, settings)
-    cells = [Cell(n, g, a) for n in settings.max_gens for a in settings.alpha_settings for g in settings.gammas]
+    cells = [cell for n in settings.max_gens for a in settings.alpha_settings
+             for cell in [*(Cell(n, g, a) for g in settings.gammas),
+                          *(Cell(n, shape.max_depth, a, text) for text, shape in settings.shapes.items())]]
     baselines = {n: Baseline() for n in settings.max_gens}
     prompt_len = int(median([ids.size(1) for _, ids in prompts]))
-    room = pair.target.config.n_ctx - max(settings.gammas) - 1
+    verify_tokens = [g + 1 for g in settings.gammas] + [s.max_nodes + 1 for s in settings.shapes.values()]
+    room = pair.target.config.n_ctx - max(verify_tokens)
     components = {n: Components(prompt_len, min(prompt_len + n // 2, room)) for n in settings.max_gens}
     per_prompt = len(jobs_of(settings, cells[: len(cells) // len(settings.max_gens)]))
     bar = tqdm(total=settings.repeats * len(settings.max_gens) * len(prompts) * per_prompt, desc="gamma sweep",
@@ -262,6 +303,9 @@ def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings
                 runner.speculative(ids0, n0, 0, gamma, alpha, reference)
             if settings.peer:
                 runner.hf(ids0, n0, 0, gamma)
+        for text, shape in settings.shapes.items():
+            for alpha in settings.alpha_settings:
+                runner.speculative(ids0, n0, 0, shape.max_depth, alpha, reference, text)
         if settings.peer:
             runner.hf(ids0, n0, 0, None)
 
@@ -269,11 +313,32 @@ def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings
     for r in range(settings.repeats):
         for n in settings.max_gens:
             bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: preparing the step-cost timer")
-            timer = ComponentTimer(pair, components[n], settings.gammas, settings.seed + r)  # caches for one group
+            timer = ComponentTimer(pair, components[n], settings.gammas, settings.seed + r,
+                                   settings.shapes)  # caches for one group
             group = [c for c in cells if c.max_gen == n]
             run_group(runner, r, n, prompts, group, baselines[n], references, bar, timer)
     bar.close()
     return SweepResult(settings, [(name, ids.size(1)) for name, ids in prompts], cells, baselines, components)
+
+
+def largest_tree(shape: TreeShape) -> TokenTree:
+    """The largest tree `shape` can grow (a dynamic one: levels of `width`
+    nodes hanging from the first node of the level above), with dummy
+    tokens: what a verification pass over it costs is what matters."""
+    if shape.is_static:
+        levels = [1]
+        for b in shape.branching:
+            levels.append(levels[-1] * b)
+    else:
+        levels = [1] + [min(shape.width, shape.nodes - shape.width * d) for d in range(shape.depth)]
+        levels = [n for n in levels if n > 0]
+    parents, first = [-1], 0  # `first`: the index of the level above's first node
+    for d, size in enumerate(levels[1:], start=1):
+        above = levels[d - 1]
+        branch = size // above if shape.is_static else size
+        parents += [first + (i // branch if shape.is_static else 0) for i in range(size)]
+        first += above
+    return TokenTree(tuple(0 for _ in parents), tuple(parents))
 
 
 def jobs_of(settings: SweepSettings, group: list[Cell]) -> list[tuple[str, int | None]]:
@@ -306,8 +371,8 @@ def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Ten
                 bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: step costs")
                 timer.round()
             k += 1
-            bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}, {name}: {kind}"
-                                + ("" if i is None else f" γ={group[i].gamma}"))
+            label = "" if i is None else f" tree {group[i].tree}" if group[i].tree else f" γ={group[i].gamma}"
+            bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}, {name}: {kind}{label}")
             if kind == "baseline":
                 out, t = runner.baseline(ids, n, p)
                 assert not greedy or torch.equal(out, references.get((p, n), out)), "greedy must be deterministic"
@@ -316,7 +381,7 @@ def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Ten
                     base.tokens += out.size(1) - ids.size(1)
             elif kind == "speculative":
                 c = group[i]
-                (out, stats), t = runner.speculative(ids, n, p, c.gamma, c.alpha_sim, references.get((p, n)))
+                (out, stats), t = runner.speculative(ids, n, p, c.gamma, c.alpha_sim, references.get((p, n)), c.tree)
                 c.draft_seconds += stats.draft_seconds
                 c.verify_seconds += stats.verify_seconds
                 if r == 0:
@@ -378,6 +443,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="replace the draft's proposals to get acceptance ALPHA; real costs (greedy only)")
     grid.add_argument("--peer", choices=["transformers"], default=None,
                       help="also run transformers' assisted generation and plain generate")
+    grid.add_argument("--tree", nargs="+", default=[], metavar="SHAPE",
+                      help='token trees swept beside the gammas: children per depth ("3,2,1") or a dynamic tree '
+                      '("nodes 16 depth 5")')
+    grid.add_argument("--tree-profile", type=float, nargs="+", default=[0.15, 0.07], metavar="A",
+                      help="simulated trees: the probability that the target's token is the draft's 2nd, 3rd, ... "
+                      "candidate (the 1st: --simulate-acceptance; default 0.15 0.07)")
 
     sampling = ap.add_argument_group("decoding (greedy by default)")
     sampling.add_argument("--temperature", type=float, default=0.0)
@@ -415,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = SweepSettings(
         gammas=tuple(args.gamma), max_gens=tuple(args.max_gen), simulate=tuple(args.simulate_acceptance or ()),
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed, repeats=args.repeats,
-        warmup=args.warmup, component_calls=args.component_calls, peer=args.peer,
+        warmup=args.warmup, component_calls=args.component_calls, peer=args.peer, trees=tuple(args.tree),
+        tree_profile=tuple(args.tree_profile),
     )
     weights = "tiny" if args.tiny else "random" if args.random_weights else "checkpoint"
     pair = build_pair(args.target, args.draft, weights=weights, draft_equals_target=args.draft_equals_target,

@@ -46,10 +46,16 @@ def pooled(stats: list[SpecStats]) -> SpecStats:
     for s in stats:
         for f in fields(SpecStats):
             mine, theirs = getattr(total, f.name), getattr(s, f.name)
-            if isinstance(mine, list):
+            if f.name == "accepted_rank":  # trees: per depth, per sibling rank
+                for depth, ranks in enumerate(theirs):
+                    mine.extend([] for _ in range(depth + 1 - len(mine)))
+                    mine[depth].extend(0 for _ in range(len(ranks) - len(mine[depth])))
+                    for rank, value in enumerate(ranks):
+                        mine[depth][rank] += value
+            elif isinstance(mine, list):
                 for i, value in enumerate(theirs):
                     mine[i] += value
-            elif f.name not in ("gamma", "stopped_at_eos"):
+            elif f.name not in ("gamma", "stopped_at_eos", "tree"):
                 setattr(total, f.name, mine + theirs)
     return total
 
@@ -57,7 +63,8 @@ def pooled(stats: list[SpecStats]) -> SpecStats:
 # The columns of sweep.csv and of each row in sweep.json, in order, with their meaning.
 COLUMNS: dict[str, str] = {
     "max_gen": "new tokens per run (end-of-text ignored)",
-    "gamma": "tokens drafted per step",
+    "gamma": "tokens drafted per step (a tree: its depth)",
+    "tree": "the token tree's shape (tree_loop.py); empty: a chain of gamma tokens",
     "alpha_sim": "simulated acceptance rate; empty: the real draft model proposed",
     "drafter": "'simulated' (SimulatedDrafter, acceptance set to alpha_sim) or 'model' (the draft's own tokens)",
     "speedup": "median over repeats of baseline seconds / speculative seconds in the same repeat",
@@ -70,10 +77,12 @@ COLUMNS: dict[str, str] = {
     "tokens_per_call": "new tokens per target forward pass",
     "t_draft_ms": "t_d: one draft step with the KV cache (median ms)",
     "t_target_ms": "t_t: one target step with the KV cache (median ms)",
-    "t_verify_ms": "t_v(gamma+1): one target pass over gamma + 1 tokens with the KV cache (median ms)",
+    "t_verify_ms": "t_v(gamma+1): one target pass over gamma + 1 tokens with the KV cache (a tree: over its N + 1 "
+                   "nodes, with its mask) (median ms)",
     "c": "Leviathan's cost ratio t_d / t_t",
     "verify_ratio": "t_v(gamma+1) / t_t",
-    "expected_tokens": "E = (1 - α^(gamma+1)) / (1 - α) at the measured α (expected_tokens_per_step)",
+    "expected_tokens": "E = (1 - α^(gamma+1)) / (1 - α) at the measured α (expected_tokens_per_step); a tree: "
+                       "its measured tokens per call",
     "predicted_speedup": "E * t_t / (gamma * t_d + t_v(gamma+1)) (spec_decoding.predicted_speedup)",
     "efficiency": "speedup / predicted_speedup: what the loop loses to everything the formula leaves out",
     "start_target_ms": "S_t: the target's start-up, a new KV cache + prefill of the median prompt (median ms)",
@@ -105,13 +114,20 @@ def cell_row(result: SweepResult, cell: Cell) -> dict:
     base, comp = result.baselines[cell.max_gen], result.components[cell.max_gen]
     speedups = [b / s for b, s in zip(base.seconds, cell.spec_seconds)]
     spec_s, base_s = median(cell.spec_seconds), median(base.seconds)
-    t_d, t_t, t_v = median(comp.t_draft), median(comp.t_target), median(comp.t_verify[cell.gamma])
+    t_v = median(comp.t_verify[cell.gamma if cell.tree is None else cell.tree])
+    t_d, t_t = median(comp.t_draft), median(comp.t_target)
     s_t, s_d = median(comp.t_start_target), median(comp.t_start_draft)
     stats = pooled(cell.stats)
-    predicted = predicted_speedup(stats.alpha, cell.gamma, t_d, t_t, t_v)
-    predicted_start = predicted_speedup_with_start(stats.alpha, cell.gamma, cell.max_gen, t_d, t_t, t_v, s_t, s_d)
+    if cell.tree is None:
+        E = expected_tokens_per_step(stats.alpha, cell.gamma)
+        predicted = predicted_speedup(stats.alpha, cell.gamma, t_d, t_t, t_v)
+        predicted_start = predicted_speedup_with_start(stats.alpha, cell.gamma, cell.max_gen, t_d, t_t, t_v, s_t, s_d)
+    else:  # a tree has no closed form in α: its measured tokens per call stand in for E; one draft pass per depth
+        E = stats.tokens_per_target_call
+        predicted = E * t_t / (cell.gamma * t_d + t_v)
+        predicted_start = (s_t + cell.max_gen * t_t) / (s_t + s_d + (cell.max_gen / E) * (cell.gamma * t_d + t_v))
     row = {
-        "max_gen": cell.max_gen, "gamma": cell.gamma, "alpha_sim": cell.alpha_sim,
+        "max_gen": cell.max_gen, "gamma": cell.gamma, "tree": cell.tree, "alpha_sim": cell.alpha_sim,
         "drafter": "model" if cell.alpha_sim is None else "simulated",
         "speedup": median(speedups), "speedup_min": min(speedups), "speedup_max": max(speedups),
         "spec_tok_s": cell.tokens / spec_s, "base_tok_s": base.tokens / base_s,
@@ -119,7 +135,7 @@ def cell_row(result: SweepResult, cell: Cell) -> dict:
         "tokens_per_call": stats.tokens_per_target_call,
         "t_draft_ms": 1e3 * t_d, "t_target_ms": 1e3 * t_t, "t_verify_ms": 1e3 * t_v,
         "c": t_d / t_t, "verify_ratio": t_v / t_t,
-        "expected_tokens": expected_tokens_per_step(stats.alpha, cell.gamma),
+        "expected_tokens": E,
         "predicted_speedup": predicted, "efficiency": median(speedups) / predicted,
         "start_target_ms": 1e3 * s_t, "start_draft_ms": 1e3 * s_d,
         "predicted_with_start": predicted_start, "efficiency_with_start": median(speedups) / predicted_start,
@@ -191,7 +207,8 @@ def markdown(result: SweepResult, rows: list[dict], env: dict, command: str) -> 
     headers = ["max_gen", "γ", *(["α_sim"] if s.simulate else []), "speedup [min-max]", "tok/s spec",
                "tok/s base", "α", "tok/call", "t_d ms", "t_t ms", "t_v(γ+1) ms", "c", "t_v/t_t", "predicted",
                "efficiency", "eff. w/ start-up", *(["HF speedup", "HF tok/s", "ours/HF"] if s.peer else [])]
-    table = [[str(r["max_gen"]), str(r["gamma"]), *([fmt(r["alpha_sim"], "g")] if s.simulate else []),
+    table = [[str(r["max_gen"]), str(r["gamma"]) if r["tree"] is None else f"tree {r['tree']}",
+              *([fmt(r["alpha_sim"], "g")] if s.simulate else []),
               f"{fmt(r['speedup'])} [{fmt(r['speedup_min'])}-{fmt(r['speedup_max'])}]", fmt(r["spec_tok_s"], ".1f"),
               fmt(r["base_tok_s"], ".1f"), fmt(r["alpha"], ".3f"), fmt(r["tokens_per_call"]),
               fmt(r["t_draft_ms"], ".1f"), fmt(r["t_target_ms"], ".1f"), fmt(r["t_verify_ms"], ".1f"),
@@ -207,6 +224,12 @@ def markdown(result: SweepResult, rows: list[dict], env: dict, command: str) -> 
               "caches, prompt prefill), paid once by both sides; eff. w/ start-up = speedup / ((S_t + n·t_t) / "
               "(S_t + S_d + (n/E)(γ·t_d + t_v(γ+1)))), n = max_gen, isolates the loop (`efficiency_with_start` in "
               "sweep.csv, with S_t, S_d). Every column is defined in sweep.json."]
+    if s.trees:
+        lines += ["", "Tree rows (spec_decoding/tree_loop.py): γ is the tree's depth, t_v the target's pass over its "
+                  "N + 1 nodes with the tree mask, and predicted = tok/call·t_t / (depth·t_d + t_v): a tree's E has "
+                  "no closed form in α, so its measured tokens per call stand in. Simulated trees: the target's token "
+                  "is the draft's 1st candidate with probability α_sim, its 2nd, 3rd, ... with "
+                  f"{', '.join(f'{p:g}' for p in s.tree_profile)} (SimulatedTreeDrafter)."]
     compared = sum(r["compared_runs"] for r in rows)
     if compared:
         identical = sum(r["identical_runs"] for r in rows)
@@ -245,7 +268,7 @@ def plot_speedup(result: SweepResult, rows: list[dict], env: dict, path: Path) -
     fig, ax = plt.subplots(figsize=(8, 5.6))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, alpha_sim in enumerate(s.alpha_settings):
-        sel = [r for r in rows if r["max_gen"] == n and r["alpha_sim"] == alpha_sim]
+        sel = [r for r in rows if r["max_gen"] == n and r["alpha_sim"] == alpha_sim and r["tree"] is None]
         g, y, color, name = [r["gamma"] for r in sel], [r["speedup"] for r in sel], colors[i % len(colors)], \
             line_label(alpha_sim, env)
         err = [[r["speedup"] - r["speedup_min"] for r in sel], [r["speedup_max"] - r["speedup"] for r in sel]]
@@ -275,7 +298,7 @@ def plot_acceptance(result: SweepResult, env: dict, path: Path) -> None:
     s = result.settings
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for alpha_sim in s.alpha_settings:
-        stats = pooled([st for c in result.cells if c.alpha_sim == alpha_sim for st in c.stats])
+        stats = pooled([st for c in result.cells if c.alpha_sim == alpha_sim and c.tree is None for st in c.stats])
         line, = ax.plot(range(1, stats.gamma + 1), stats.position_acceptance, marker="o",
                         label=line_label(alpha_sim, env))
         if alpha_sim is not None:
@@ -306,11 +329,12 @@ def write_all(result: SweepResult, folder: Path, env: dict, command: str) -> lis
         "settings": {"gammas": list(s.gammas), "max_gens": list(s.max_gens), "temperature": s.sampling.temperature,
                      "top_k": s.sampling.top_k, "top_p": s.sampling.top_p, "seed": s.seed, "repeats": s.repeats,
                      "warmup": s.warmup, "component_calls": s.component_calls, "peer": s.peer,
+                     "trees": list(s.trees), "tree_profile": list(s.tree_profile),
                      "eos": "ignored: every run emits max_gen tokens"},
         "prompts": [{"name": name, "tokens": n} for name, n in result.prompts],
         "columns": cols,
         "rows": rows,
-        "cells": [{"max_gen": c.max_gen, "gamma": c.gamma, "alpha_sim": c.alpha_sim,
+        "cells": [{"max_gen": c.max_gen, "gamma": c.gamma, "tree": c.tree, "alpha_sim": c.alpha_sim,
                    "position_acceptance": pooled(c.stats).position_acceptance,
                    "accepted_hist": pooled(c.stats).accepted_hist,
                    "spec_seconds": c.spec_seconds, "base_seconds": result.baselines[c.max_gen].seconds,

@@ -1,6 +1,7 @@
 """The command line of spec_decoding_generate.py: its options, the check of
-their values (by the library: `SamplingConfig`, `check_integer`; a bad value
-is a ValueError naming its flag), and the prompt (from --prompt or stdin).
+their values (by the library: `SamplingConfig`, `check_integer`, `TreeShape`;
+a bad value is a ValueError naming its flag), and the prompt (from --prompt
+or stdin).
 
 argparse's own errors (an unknown flag, `--gamma abc`) are one line
 "error: ..." and exit code 2, like every other bad input.
@@ -17,6 +18,8 @@ DEFAULT_PROMPT = (
 )  # the prompt of OpenAI's GPT-2 announcement
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEFAULT_GAMMA = 4
+DEFAULT_TREE = "3,1"  # spec_decoding.tree.DEFAULT_TREE (not imported here: --help answers without torch)
 
 # The library names a sampling setting by its argument; the user knows it by its flag.
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
@@ -49,7 +52,28 @@ def build_parser() -> argparse.ArgumentParser:
         "'<|endoftext|>' in it is GPT-2's end-of-text token "
         "(default: GPT-2's unicorn prompt, 'In a shocking finding, scientist discovered a herd of unicorns...')",
     )
-    parser.add_argument("--gamma", type=int, default=4, help="tokens the draft proposes per step, >= 1 (default: 4)")
+    parser.add_argument(
+        "--gamma", type=int, default=None,
+        help=f"tokens the draft proposes per step, a chain, >= 1 (default: {DEFAULT_GAMMA}, unless a tree is given)",
+    )
+    parser.add_argument(
+        "--tree", nargs="?", const=DEFAULT_TREE, default=None, metavar="SHAPE",
+        help="draft a token tree instead of a chain: children per node at each depth, e.g. 3,2,1,1 (3 candidates "
+        "for the next token, 2 for the one after each, ...); the target verifies the whole tree in one pass and "
+        f"keeps the longest path it agrees with (spec_decoding/tree_loop.py); --tree alone: {DEFAULT_TREE}",
+    )
+    parser.add_argument(
+        "--tree-nodes", type=int, default=None, metavar="N",
+        help="a dynamic token tree (EAGLE-2): at most N drafted tokens, each level keeping the candidates of highest "
+        "draft probability; needs --tree-depth",
+    )
+    parser.add_argument("--tree-depth", type=int, default=None, metavar="D",
+                        help="the depth of a dynamic token tree; needs --tree-nodes")
+    parser.add_argument(
+        "--show-tree", action="store_true",
+        help="draw each step's tree on stderr, the accepted path marked with a tick (a chain is drawn as a tree "
+        "with one child per node); --debug draws a tree's steps too",
+    )
     parser.add_argument("--max-gen", type=int, default=100, help="the most new tokens to generate, >= 1 (default: 100)")
     parser.add_argument(
         "--temperature", type=float, default=0.0,
@@ -125,13 +149,51 @@ def check_settings(args: argparse.Namespace):
     from gpt2.generate import check_integer
     from gpt2.sampling import SamplingConfig
 
-    check_integer(args.gamma, "--gamma", 1)  # as speculative_generate checks gamma
+    if args.gamma is not None:
+        check_integer(args.gamma, "--gamma", 1)  # as speculative_generate checks gamma
     check_integer(args.max_gen, "--max-gen", 1)
     try:
         return SamplingConfig(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
         name, rest = str(e).split(" ", 1)
         raise ValueError(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
+
+
+def check_tree(args: argparse.Namespace):
+    """The token tree of --tree or --tree-nodes/--tree-depth, as the
+    library's `TreeShape`, or None for a chain (then args.gamma is set to its
+    default if it was not given). With --show-tree a chain is run as the
+    tree with one child per node, which gives the same output, to be drawn.
+
+    Raises:
+        ValueError: a bad or half-given tree, or a tree together with --gamma.
+    """
+    from gpt2.generate import check_integer
+    from spec_decoding.tree import TreeShape
+
+    dynamic = args.tree_nodes is not None or args.tree_depth is not None
+    if args.tree is not None and dynamic:
+        raise ValueError("give --tree (a fixed shape) or --tree-nodes with --tree-depth (a dynamic tree), not both")
+    if (args.tree is not None or dynamic) and args.gamma is not None:
+        raise ValueError("give --gamma (a chain of drafted tokens) or a tree (--tree, --tree-nodes), not both")
+    if dynamic:
+        if args.tree_nodes is None or args.tree_depth is None:
+            given, missing = ("--tree-nodes", "--tree-depth")[:: 1 if args.tree_depth is None else -1]
+            raise ValueError(f"{given} needs {missing}: a dynamic tree has a node budget N and a depth D")
+        nodes = check_integer(args.tree_nodes, "--tree-nodes", 1)
+        depth = check_integer(args.tree_depth, "--tree-depth", 1)
+        if depth > nodes:
+            raise ValueError(f"--tree-depth {depth} is more than --tree-nodes {nodes}: N nodes are at most N deep")
+        return TreeShape(nodes=nodes, depth=depth)
+    if args.tree is not None:
+        try:
+            return TreeShape.parse(args.tree)
+        except ValueError as e:
+            raise ValueError(f"--tree: {e}") from None
+    args.gamma = check_integer(DEFAULT_GAMMA if args.gamma is None else args.gamma, "--gamma", 1)
+    if args.show_tree:
+        return TreeShape(branching=(1,) * args.gamma)
+    return None
 
 
 def read_prompt(args: argparse.Namespace) -> str:

@@ -44,10 +44,15 @@ def describe_decoding(sampling: SamplingConfig, seed: int) -> str:
 
 
 def print_header(
-    *, draft: str, target: str, gamma: int, max_gen: int, decoding: str, device, dtype, quantize: str | None,
-    color: bool,
+    *, draft: str, target: str, gamma: int | None, tree=None, max_gen: int, decoding: str, device, dtype,
+    quantize: str | None, color: bool,
 ) -> None:
-    print(f"draft {draft} proposes {gamma} tokens per step, target {target} verifies them")
+    """`tree`: the TreeShape drafted instead of a chain of `gamma` tokens, or None."""
+    if tree is None:
+        print(f"draft {draft} proposes {gamma} tokens per step, target {target} verifies them")
+    else:
+        print(f"draft {draft} proposes a token tree per step ({tree}: up to {tree.max_nodes} tokens, "
+              f"{tree.max_depth} deep), target {target} verifies it in one pass")
     weights = f", {quantize} weights (the output is the {quantize} target's)" if quantize else ""
     print(f"{decoding}, up to {max_gen} new tokens, {device} {str(dtype).removeprefix('torch.')}{weights}")
     if color:
@@ -77,7 +82,9 @@ def print_stats(stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int, t
     judged = sum(stats.reached_at)
     gamma = stats.gamma
     rows = [("new tokens", f"{stats.new_tokens} in {count(stats.target_calls, 'target call')}, {stop}")]
-    if stats.drafted:
+    if stats.drafted and stats.tree is not None:
+        rows += tree_rows(stats)
+    elif stats.drafted:
         rows += [
             ("acceptance α", f"{stats.alpha:.3f} ({stats.accepted} of the {judged} drafted tokens the target judged)"),
             (
@@ -110,6 +117,41 @@ def print_stats(stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int, t
     ]
     print()
     print_rows(rows)
+
+
+def tree_rows(stats: SpecStats) -> list[tuple[str, str]]:
+    """The stats rows of a token tree: α per depth, which sibling was
+    accepted there, tokens per target call."""
+    rows = [
+        ("tree", f"{stats.tree}: {stats.drafted / stats.target_calls:.1f} drafted tokens per step"),
+        ("acceptance α", f"{stats.alpha:.3f} (depths accepted / depths the target judged: {stats.accepted} of "
+                         f"{sum(stats.reached_at)})"),
+    ]
+    for depth, (reached, accepted) in enumerate(zip(stats.reached_at, stats.accepted_at), start=1):
+        if not reached:
+            break
+        ranks = stats.accepted_rank[depth - 1] if depth <= len(stats.accepted_rank) else []
+        which = ", ".join(f"#{rank + 1} {n}" for rank, n in enumerate(ranks) if n)
+        which = f" (candidate {which})" if which else ""
+        rows.append((f"  depth {depth}", f"accepted {accepted} of {reached}{which}"))
+    rows.append(("tokens/target call", f"{stats.tokens_per_target_call:.2f} (at most {stats.gamma + 1}: the deepest "
+                                       "path and the target's own token)"))
+    return rows
+
+
+def tree_drawer(tokenizer):
+    """An `on_tree(tree, verdict)` callback that draws each verified tree on
+    stderr, the accepted path ticked and the target's own token below."""
+    import sys
+
+    steps = [0]
+
+    def draw(tree, verdict) -> None:
+        steps[0] += 1
+        picture = tree.draw(verdict.nodes, decode=lambda t: tokenizer.decode([t]), next_token=verdict.next_token)
+        print(f"\nstep {steps[0]}:\n{picture}", file=sys.stderr, flush=True)
+
+    return draw
 
 
 def print_comparison(comparison: dict | None, spec_tokens: list[int], tokenizer) -> None:

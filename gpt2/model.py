@@ -14,8 +14,9 @@ weights into nn.Linear's (out, in) layout).
 Decoding feeds a few new tokens at a time on top of a KV cache. A `mask`
 says which of the new tokens each one sees: the earlier ones (causal, the
 default), or only its ancestors when the new tokens form a token tree
-(spec_decoding/tree.py). A token's position is its row's cache length plus
-the number of new tokens before it that it sees.
+(spec_decoding/tree.py). A wider mask also covers the last few cached
+positions (a tree grown one depth per pass). A token's position is where the
+mask's window starts plus the number of window tokens before it that it sees.
 
 One seam lets a faster implementation of the same computation take a pass:
 `GPT2.accelerator` (gpt2/fast puts its C kernels there; None keeps this file's code).
@@ -83,24 +84,28 @@ class Block(nn.Module):
 def visible_keys(lengths: torch.Tensor, mask: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Which keys each new token may attend to, as SDPA wants it.
 
-    Row b's keys are its lengths[b] cached positions, all visible, then its T
-    new tokens at [lengths[b], lengths[b] + T), visible as `mask` says; the
-    slots past them (another row's, or stale) are not.
+    Row b's keys are its lengths[b] cached positions, then its T new tokens
+    at [lengths[b], lengths[b] + T). The mask's window is the last W of them,
+    [lengths[b] + T - W, lengths[b] + T): visible as `mask` says. The cached
+    positions before the window are all visible; the slots past the new tokens
+    (another row's, or stale) are not.
 
     Args:
         lengths: (B,) int64, the positions each row has cached.
-        mask: (T, T) bool, mask[t, u]: new token t sees new token u.
+        mask: (T, W) bool, W >= T, mask[t, u]: new token t sees window token u
+            (the W - T last cached positions, then the T new tokens).
 
     Returns:
         (B, 1, T, K) bool with K = max(lengths) + T.
     """
-    T = mask.size(0)
+    T, W = mask.shape
     lengths = lengths.to(device)
     K = int(lengths.max()) + T
-    new_index = torch.arange(K, device=device)[None, :] - lengths[:, None]  # (B, K): key j is new token j - lengths[b]
-    is_new = (new_index >= 0) & (new_index < T)  # (B, K)
-    seen_new = mask[:, new_index.clamp(0, T - 1)].permute(1, 0, 2) & is_new[:, None, :]  # (T, B, K) -> (B, T, K)
-    return ((new_index < 0)[:, None, :] | seen_new)[:, None]  # (B, 1, T, K): cached keys, and the new ones it sees
+    window_start = lengths + T - W  # (B,): where each row's window begins
+    window_index = torch.arange(K, device=device)[None, :] - window_start[:, None]  # (B, K): key j's index in it
+    in_window = (window_index >= 0) & (window_index < W)  # (B, K)
+    seen = mask[:, window_index.clamp(0, W - 1)].permute(1, 0, 2) & in_window[:, None, :]  # (T, B, K) -> (B, T, K)
+    return ((window_index < 0)[:, None, :] | seen)[:, None]  # (B, 1, T, K): keys before the window, and those it sees
 
 
 class GPT2(nn.Module):
@@ -149,7 +154,11 @@ class GPT2(nn.Module):
             mask: (T, T) bool, mask[t, u] = new token t sees new token u (its
                 diagonal must be True). None: causal, t sees u <= t. A token's
                 position is its row's length plus mask[t].sum() - 1, so a tree
-                node sits at its depth.
+                node sits at its depth. Or (T, W) with W > T: a window over the
+                W - T last cached positions and then the T new tokens (new token
+                t is window token W - T + t); the cached positions before the
+                window are all seen, and a token's position is the window's
+                start plus mask[t].sum() - 1.
             last_logits_only: compute the LM head for the last position only
                 (prefill needs nothing else); the output is then (B, 1, V).
 
@@ -165,9 +174,13 @@ class GPT2(nn.Module):
         if mask is None:
             seen = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()  # (T, T): causal
         else:
-            assert mask.shape == (T, T) and mask.dtype == torch.bool, f"mask must be ({T}, {T}) bool"
+            assert mask.dim() == 2 and mask.size(0) == T and mask.size(1) >= T and mask.dtype == torch.bool, (
+                f"mask must be ({T}, W >= {T}) bool, got {tuple(mask.shape)} {mask.dtype}"
+            )
             seen = mask.to(input_ids.device)
         lengths = torch.zeros(B, dtype=torch.int64) if cache is None else cache.lengths  # (B,)
+        window_cached = seen.size(1) - T  # cached positions inside the mask's window
+        assert window_cached <= int(lengths.min()), f"the mask's window reaches {window_cached} cached positions back"
         if int(lengths.max()) + T > self.config.n_ctx:
             raise ValueError(
                 f"{int(lengths.max()) + T} tokens do not fit GPT-2's context window of {self.config.n_ctx}: "
@@ -177,8 +190,8 @@ class GPT2(nn.Module):
             assert cache.batch_size == B, f"cache batch {cache.batch_size} != input batch {B}"
             cache.check_room(T)
 
-        depth = seen.sum(dim=1) - 1  # (T,): how many earlier new tokens each one sees
-        positions = lengths.to(input_ids.device)[:, None] + depth[None, :]  # (B, T)
+        depth = seen.sum(dim=1) - 1  # (T,): how many earlier window tokens each one sees
+        positions = lengths.to(input_ids.device)[:, None] - window_cached + depth[None, :]  # (B, T)
         x = self.wte(input_ids) + self.wpe(positions)  # (B, T, C)
 
         logits = None

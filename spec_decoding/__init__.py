@@ -1,16 +1,28 @@
 """Speculative decoding for GPT-2: a small model drafts, a large one verifies
-(Leviathan et al. 2023; Chen et al. 2023)."""
+(Leviathan et al. 2023; Chen et al. 2023), a chain of tokens or a token tree
+(SpecInfer, Miao et al. 2024)."""
 
 from .acceptance import Verdict, residual_distribution, speculative_sampling, speculative_sampling_greedy
 from .drafters import Draft, ModelDrafter, SimulatedDrafter
 from .loop import speculative_generate
 from .stats import SpecStats, expected_tokens_per_step, improvement_factor, predicted_speedup
+from .tree import DEFAULT_TREE, TokenTree, TreeShape
+from .tree_acceptance import TreeVerdict, tree_greedy, tree_sampling
+from .tree_drafting import SimulatedTreeDrafter, TreeDraft, TreeDrafter
+from .tree_loop import tree_speculative_generate
 
 __all__ = [
+    "DEFAULT_TREE",
     "Draft",
     "ModelDrafter",
     "SimulatedDrafter",
+    "SimulatedTreeDrafter",
     "SpecStats",
+    "TokenTree",
+    "TreeDraft",
+    "TreeDrafter",
+    "TreeShape",
+    "TreeVerdict",
     "Verdict",
     "expected_tokens_per_step",
     "improvement_factor",
@@ -19,4 +31,7 @@ __all__ = [
     "speculative_generate",
     "speculative_sampling",
     "speculative_sampling_greedy",
+    "tree_greedy",
+    "tree_sampling",
+    "tree_speculative_generate",
 ]

@@ -17,7 +17,6 @@ up on what it has not seen the next time it drafts.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -28,17 +27,9 @@ from gpt2.sampling import SamplingConfig, logits_to_probs
 
 from .acceptance import speculative_sampling, speculative_sampling_greedy
 from .drafters import Draft, ModelDrafter
-from .stats import SpecStats
-
-
-def clock(device: torch.device) -> float:
-    """Wall time in seconds, read after `device` has finished its queued work
-    (GPUs run ahead of Python: an unsynchronised clock times the launch only)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-    return time.perf_counter()
+from .stats import SpecStats, clock
+from .tree import TreeShape
+from .tree_loop import tree_speculative_generate
 
 
 @torch.inference_mode()
@@ -47,7 +38,8 @@ def speculative_generate(
     draft: GPT2 | ModelDrafter,
     input_ids: torch.Tensor,
     *,
-    gamma: int,
+    gamma: int | None = None,
+    tree: TreeShape | str | None = None,
     max_new_tokens: int,
     temperature: float = 0.0,
     top_k: int | None = None,
@@ -71,7 +63,9 @@ def speculative_generate(
         target: the large model whose output is reproduced.
         draft: a small GPT-2 (wrapped in a ModelDrafter) or any drafter.
         input_ids: (1, T) prompt token ids on the target's device.
-        gamma: tokens drafted per step, >= 1.
+        gamma: tokens drafted per step, >= 1: a chain.
+        tree: a token tree instead of a chain, a TreeShape or text such as
+            "3,2,1,1" (tree_loop.py); give gamma or tree, not both.
         max_new_tokens: the most tokens to add.
         temperature, top_k, top_p: the one sampling filter, applied alike to
             draft and target; temperature 0 is greedy.
@@ -92,6 +86,13 @@ def speculative_generate(
             window, batch size > 1, a draft or target of the wrong type, or
             draft and target with different vocabularies.
     """
+    if tree is not None:  # a token tree: tree_loop.py
+        if gamma is not None:
+            raise ValueError("give gamma (a chain of drafted tokens) or tree (a token tree), not both")
+        return tree_speculative_generate(
+            target, draft, input_ids, tree=tree, max_new_tokens=max_new_tokens, temperature=temperature,
+            top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator, on_step=on_step, stats=stats,
+        )
     sampling = SamplingConfig(temperature, top_k, top_p)
     gamma = check_integer(gamma, "gamma", 1)  # tokens drafted per step
     max_new_tokens = check_max_new_tokens(max_new_tokens)

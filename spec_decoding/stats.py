@@ -9,11 +9,15 @@ on average E(α, γ) tokens (eq. 1), and speculative decoding is faster than
 plain decoding by the improvement factor of Theorem 3.8. `SpecStats.alpha` is
 that α, estimated from a run; `predicted_speedup` generalises the factor to a
 verification pass that costs t_v(γ + 1) instead of one target step.
+`clock` is the wall clock the decoding loops time their phases with.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
+
+import torch
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -70,6 +74,12 @@ class SpecStats:
         draft_seconds, verify_seconds: wall time drafting, and verifying
             (target forward + acceptance rule).
         stopped_at_eos: the run ended on the end-of-text token.
+        tree: for a token tree (tree_loop.py), its shape; gamma is then its
+            depth, a "draft position" a depth, `drafted` counts tree nodes,
+            and reached_at[i] counts the steps that judged the candidates at
+            depth i + 1. None for a chain.
+        accepted_rank: trees only: accepted_rank[i][r] = steps that accepted,
+            at depth i + 1, the sibling of rank r (0 = the first drafted).
     """
 
     gamma: int
@@ -86,6 +96,8 @@ class SpecStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     stopped_at_eos: bool = False
+    tree: str | None = None
+    accepted_rank: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.accepted_hist:
@@ -112,6 +124,30 @@ class SpecStats:
             self.reached_at[i] += 1
         for i in range(accepted):
             self.accepted_at[i] += 1
+
+    def record_tree_step(self, nodes: int, ranks: tuple[int, ...], judged: int, target_token: bool) -> None:
+        """Counts one step of a token tree that drafted `nodes` tokens and
+        emitted an accepted path whose nodes had the sibling ranks `ranks`
+        (depth 1 down), then the target's own token if `target_token`.
+        `judged`: how many depths verification judged (the accepted ones, and
+        the one where it rejected every candidate)."""
+        accepted = len(ranks)
+        assert 0 <= accepted <= judged <= self.gamma and judged <= accepted + 1, (accepted, judged, self.gamma)
+        self.target_calls += 1
+        self.plain_steps += int(nodes == 0)
+        self.drafted += nodes
+        self.accepted += accepted
+        self.target_tokens += int(target_token)
+        self.new_tokens += accepted + int(target_token)
+        self.accepted_hist[accepted] += 1
+        for i in range(judged):
+            self.reached_at[i] += 1
+        for i, rank in enumerate(ranks):
+            self.accepted_at[i] += 1
+            self.accepted_rank.extend([] for _ in range(i + 1 - len(self.accepted_rank)))
+            counts = self.accepted_rank[i]
+            counts.extend(0 for _ in range(rank + 1 - len(counts)))
+            counts[rank] += 1
 
     @property
     def alpha(self) -> float:
@@ -145,3 +181,13 @@ class SpecStats:
         d["tokens_per_target_call"] = self.tokens_per_target_call
         d["position_acceptance"] = [None if r != r else r for r in self.position_acceptance]  # NaN -> null
         return d
+
+
+def clock(device: torch.device) -> float:
+    """Wall time in seconds, read after `device` has finished its queued work
+    (GPUs run ahead of Python: an unsynchronised clock times the launch only)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+    return time.perf_counter()

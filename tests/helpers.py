@@ -3,7 +3,10 @@
 - reference models: `transformers`' GPT2LMHeadModel with random weights;
 - checkpoint folders in the Hub's exact format (`write_checkpoint`);
 - tiny random GPT-2s for the decoding tests (`tiny_gpt2`, `perturbed_copy`)
-  and a recorder of forward passes (`ForwardRecorder`).
+  and a recorder of forward passes (`ForwardRecorder`);
+- the lossless tests' exact distribution of the first few sampled tokens
+  (`exact_continuation_distribution`) and Pearson's chi-square test
+  (`chi_square`, `chi_square_quantile_0999`).
 
 The tiny decoding models are far too small to say anything sensible, but
 they are real GPT-2s (the same code path as the 774M target) and run in well
@@ -15,6 +18,7 @@ argmaxes, clearly non-uniform probabilities) instead of near-uniform.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +28,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gpt2 import GPT2, GPT2Config, init_random_weights
+from gpt2 import GPT2, GPT2Config, init_random_weights, logits_to_probs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The real GPT-2 vocabulary, beside the repository (../shared/gpt2-bpe).
@@ -204,3 +208,49 @@ class ForwardRecorder:
 
     def __exit__(self, *exc) -> None:
         self.handle.remove()
+
+
+# ---------------------------------------------------------------------------
+# Chi-square test (the lossless tests)
+# ---------------------------------------------------------------------------
+
+Z_0999 = 3.090232  # the 0.999 quantile of the standard normal
+
+
+@torch.inference_mode()
+def exact_continuation_distribution(target: GPT2, prompt: torch.Tensor, n: int, sampling) -> torch.Tensor:
+    """(V^n,) float64: P(first n new tokens = x) for every x after `prompt`
+    (1, T), in the order of `torch.cartesian_prod` (x1 * V^(n-1) + ... + xn),
+    from the target alone with the `SamplingConfig` filter. One batched pass."""
+    V, T = target.config.vocab_size, prompt.size(1)
+    continuations = torch.cartesian_prod(*[torch.arange(V)] * n)  # (V^n, n)
+    ids = torch.cat([prompt.expand(len(continuations), T), continuations], dim=1)  # (V^n, T + n)
+    probs = logits_to_probs(target(ids), sampling).double()  # (V^n, T + n, V)
+    # Row T - 1 + j predicts new token j: gather p(x_j | prompt, x_<j) and multiply.
+    per_token = probs[:, T - 1 : T - 1 + n].gather(-1, continuations[..., None])  # (V^n, n, 1)
+    return per_token.squeeze(-1).prod(dim=-1)  # (V^n,)
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Pearson's statistic of `counts` against `probs`, and its degrees of freedom.
+
+    Cells expected fewer than 5 times are pooled into one. An outcome the target
+    cannot produce (expected 0, observed > 0) makes the statistic infinite."""
+    N = counts.sum()
+    expected = probs * N
+    big = expected >= 5
+    observed = torch.cat([counts[big], counts[~big].sum()[None]])
+    expected = torch.cat([expected[big], expected[~big].sum()[None]])
+    if expected[-1] == 0:  # nothing pooled: drop the empty cell, unless something impossible was seen
+        if observed[-1] > 0:
+            return math.inf, len(observed) - 1
+        observed, expected = observed[:-1], expected[:-1]
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    return statistic, len(observed) - 1
+
+
+def chi_square_quantile_0999(df: int) -> float:
+    """Wilson-Hilferty: (chi2_df / df)^(1/3) is close to normal with mean
+    1 - 2/(9 df) and variance 2/(9 df)."""
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + Z_0999 * math.sqrt(h)) ** 3

@@ -190,9 +190,9 @@ def test_help_documents_every_option_and_its_default(tmp_path):
     result = run_cli(tmp_path, "--help")
     assert_ok(result)
     for option in (
-        "--prompt", "--gamma", "--max-gen", "--temperature", "--top-k", "--top-p", "--seed", "--draft",
-        "--target", "--device", "--dtype", "--quantize", "--weights-dir", "--compare", "--json", "--no-color",
-        "--debug",
+        "--prompt", "--gamma", "--tree", "--tree-nodes", "--tree-depth", "--show-tree", "--max-gen", "--temperature",
+        "--top-k", "--top-p", "--seed", "--draft", "--target", "--device", "--dtype", "--quantize", "--weights-dir",
+        "--compare", "--json", "--no-color", "--debug",
     ):
         assert option in result.stdout, option
     for default in ("default: 4", "default: 100", "default: gpt2)", "default: gpt2-large", "default: auto",
@@ -237,8 +237,8 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
     assert out["settings"] == {
         "draft": str(folders["draft"]), "target": str(folders["target"]),
         "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
-        "gamma": 4, "max_gen": 20, "temperature": 0.0, "greedy": True, "top_k": None, "top_p": None, "seed": 0,
-        "device": "cpu", "dtype": "float32", "quantize": None, "eos_id": 50256,
+        "gamma": 4, "tree": None, "max_gen": 20, "temperature": 0.0, "greedy": True, "top_k": None, "top_p": None,
+        "seed": 0, "device": "cpu", "dtype": "float32", "quantize": None, "eos_id": 50256,
     }
     stats = out["stats"]
     assert stats["new_tokens"] == 20 and stats["gamma"] == 4
@@ -295,6 +295,60 @@ def test_colour_and_legend_on_a_terminal(tmp_path, folders):
     assert code == 0, out
     assert "legend:" in out
     assert ACCEPTED_STYLE in out and TARGET_STYLE in out, "both kinds of token appear in colour"
+
+
+# ---------------------------------------------------------------------------
+# Token trees
+# ---------------------------------------------------------------------------
+
+
+def test_a_tree_gives_the_targets_own_output_and_its_stats(capsys, folders, single_thread):
+    result = run_main(capsys, *local_models(folders), "--tree", "3,2,1", "--compare")
+    assert_ok(result)
+    out = result.stdout
+    assert "proposes a token tree per step (3,2,1: up to 15 tokens, 3 deep)" in out
+    assert "identical to the target alone, token for token (20 tokens)" in out
+    assert re.search(r"tree\s+3,2,1: \d+\.\d drafted tokens per step", out)
+    assert re.search(r"  depth 1\s+accepted \d+ of \d+ \(candidate #1 \d+", out), out
+    assert re.search(r"speedup\s+\d+\.\d\dx measured, \d+\.\d\dx predicted", out)
+    assert "step 1:" not in result.stderr, "no drawings unless asked"
+
+
+def test_tree_alone_drafts_the_default_shape(capsys, folders, single_thread):
+    from cli.arguments import DEFAULT_TREE
+    from spec_decoding.tree import DEFAULT_TREE as LIBRARY_DEFAULT_TREE
+
+    result = run_main(capsys, *local_models(folders), "--tree", "--json")
+    assert_ok(result)
+    assert json.loads(result.stdout)["settings"]["tree"] == DEFAULT_TREE == LIBRARY_DEFAULT_TREE
+
+
+def test_a_dynamic_tree_in_json(capsys, folders, single_thread):
+    result = run_main(capsys, *local_models(folders), "--tree-nodes", "6", "--tree-depth", "3", "--json")
+    assert_ok(result)
+    out = json.loads(result.stdout)
+    assert out["settings"]["tree"] == "dynamic 6 nodes, depth 3" and out["settings"]["gamma"] is None
+    stats = out["stats"]
+    assert stats["tree"] == "dynamic 6 nodes, depth 3" and stats["gamma"] == 3 and len(out["token_ids"]) == 20
+    assert sum(stats["accepted_rank"][0]) == stats["accepted_at"][0]
+
+
+def test_show_tree_draws_each_step_with_the_accepted_path_ticked(capsys, folders, single_thread):
+    result = run_main(capsys, *local_models(folders), "--tree", "2,2", "--show-tree", "--json")
+    assert_ok(result)
+    out = json.loads(result.stdout)
+    steps = result.stderr.count("\nstep ")
+    assert steps == out["stats"]["target_calls"] and "step 1:\n" in result.stderr
+    assert "(root)" in result.stderr and "├── " in result.stderr and "+ target: " in result.stderr
+    assert result.stderr.count(" ✓") == out["stats"]["accepted"], "one tick per accepted token"
+
+
+def test_show_tree_draws_a_chain_as_a_tree_with_the_same_output(capsys, folders, single_thread):
+    chain = json.loads(run_main(capsys, *local_models(folders), "--gamma", "3", "--json").stdout)
+    drawn = run_main(capsys, *local_models(folders), "--gamma", "3", "--show-tree", "--json")
+    assert_ok(drawn)
+    assert json.loads(drawn.stdout)["token_ids"] == chain["token_ids"]
+    assert "└── " in drawn.stderr and "├── " not in drawn.stderr, "one child per node"
 
 
 # ---------------------------------------------------------------------------
@@ -504,10 +558,21 @@ def test_compare_report_says_plainly_when_the_speedups_disagree(folders, capsys)
         (["--seed", "1.5"], "argument --seed: invalid int value: '1.5'"),
         (["--prompt", ""], "the prompt is empty"),
         (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--tree", "0,2"], "--tree: a tree shape is children per depth, integers >= 1 such as 3,2,1,1; got '0,2'"),
+        (["--tree", "abc"], "--tree: a tree shape is children per depth"),
+        (["--tree", ""], "--tree: a tree shape is children per depth"),
+        (["--tree-nodes", "8"], "--tree-nodes needs --tree-depth: a dynamic tree has a node budget N and a depth D"),
+        (["--tree-depth", "3"], "--tree-depth needs --tree-nodes"),
+        (["--tree-nodes", "0", "--tree-depth", "1"], "--tree-nodes must be an integer >= 1, got 0"),
+        (["--tree-nodes", "2", "--tree-depth", "3"], "--tree-depth 3 is more than --tree-nodes 2"),
+        (["--tree-nodes", "x"], "argument --tree-nodes: invalid int value: 'x'"),
+        (["--tree", "2,1", "--tree-nodes", "4", "--tree-depth", "2"], "give --tree (a fixed shape) or --tree-nodes"),
+        (["--tree", "2,1", "--gamma", "3"], "give --gamma (a chain of drafted tokens) or a tree"),
     ],
     ids=["gamma-0", "gamma-abc", "gamma-bool", "gamma-float", "max-gen-0", "negative-temperature", "nan-temperature",
          "inf-temperature", "top-p-0", "top-p-1.5", "top-p-nan", "top-k-0", "top-k-bool", "seed-float", "empty-prompt",
-         "unknown-device"],
+         "unknown-device", "tree-0", "tree-text", "tree-empty", "tree-nodes-alone", "tree-depth-alone",
+         "tree-nodes-0", "tree-too-deep", "tree-nodes-text", "tree-and-dynamic", "tree-and-gamma"],
 )
 def test_bad_settings(capsys, args, message):
     assert_bad_input(run_main(capsys, *args), message)

@@ -174,14 +174,16 @@ def test_a_row_gets_the_same_bits_whatever_the_rows_beside_it(fast_kernels, int8
 
 
 def attention_reference(q, k, v, starts, mask):
-    """Row b, query t sees keys [0, starts[b]) and the new tokens u (at
-    starts[b] + u) with mask[t, u], in float64. q: (B, nh, T, hs); k, v:
-    (B, nh, S, hs) caches already holding the new keys. Returns (B, T, C)."""
+    """Row b, query t sees keys [0, starts[b] + T - W) and the window keys u
+    (at starts[b] + T - W + u) with mask[t, u], in float64. q: (B, nh, T, hs);
+    k, v: (B, nh, S, hs) caches already holding the new keys; mask (T, W).
+    Returns (B, T, C)."""
     B, nh, T, hs = q.shape
+    W = mask.size(1)
     out = []
     for b in range(B):
         P = int(starts[b])
-        seen = torch.cat([torch.ones(T, P, dtype=torch.bool), mask], dim=1)  # (T, P + T)
+        seen = torch.cat([torch.ones(T, P + T - W, dtype=torch.bool), mask], dim=1)  # (T, P + T)
         K = k[b, :, : P + T].double()  # (nh, P + T, hs)
         scores = q[b].double() @ K.transpose(-1, -2) / math.sqrt(hs)  # (nh, T, P + T)
         probs = scores.masked_fill(~seen, float("-inf")).softmax(dim=-1)
@@ -197,6 +199,14 @@ def tree_mask(T: int) -> torch.Tensor:
     return mask
 
 
+def window_mask(T: int, cached: int) -> torch.Tensor:
+    """(T, cached + T): the last level of a binary tree fed one level per
+    pass: `cached` nodes already in the cache, then T new ones; node i's
+    parent is (i - 1) // 2 (so T = cached + 1 for a full level)."""
+    tree = tree_mask(cached + T)
+    return tree[cached:]
+
+
 def kernel_attention(kernels, q, k_new, v_new, cache_k, cache_v, starts, mask):
     """few_queries_attention: copies the new keys into the caches at `starts`, then attends."""
     B, nh, T, hs = q.shape
@@ -206,7 +216,7 @@ def kernel_attention(kernels, q, k_new, v_new, cache_k, cache_v, starts, mask):
     kernels.attention(
         q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), cache_k.data_ptr(), cache_v.data_ptr(), y.data_ptr(),
         B, nh, T, starts.data_ptr(), None if mask_bytes is None else mask_bytes.data_ptr(),
-        hs, q.stride(0), q.stride(1), q.stride(2), cache_k.stride(0), cache_k.stride(1), 1.0 / math.sqrt(hs),
+        T if mask is None else mask.size(1), hs, q.stride(0), q.stride(1), q.stride(2), cache_k.stride(0), cache_k.stride(1), 1.0 / math.sqrt(hs),
     )
     return y
 
@@ -219,6 +229,7 @@ ATTENTION_CASES = {  # B, nh, T, starts, hs, mask
     "rows of different lengths": (3, 4, 3, [13, 0, 40], 72, None),
     "a token tree": (1, 4, 15, [21], 16, "tree"),
     "a tree over a batch": (2, 2, 32, [5, 70], 64, "tree"),
+    "a tree level on cached levels": (2, 4, 8, [30, 19], 16, "window"),
     "64 new tokens": (1, 2, 64, [9], 24, None),
 }
 
@@ -232,7 +243,7 @@ def test_attention_matches_the_float64_reference(fast_kernels, case):
     cache_k, cache_v = torch.randn(B, nh, S, hs, generator=g), torch.randn(B, nh, S, hs, generator=g)
     qkv = 2.0 * torch.randn(B, T, 3, nh, hs, generator=g)
     q, k_new, v_new = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs), strided views
-    mask = tree_mask(T) if mask_kind == "tree" else None
+    mask = {"tree": tree_mask(T), "window": window_mask(T, cached=7), None: None}[mask_kind]
     before_k = cache_k.clone()
     y = kernel_attention(fast_kernels, q, k_new, v_new, cache_k, cache_v, starts, mask)
     for b in range(B):  # the new keys went in at their row's start, and nothing else moved

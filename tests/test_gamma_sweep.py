@@ -195,6 +195,34 @@ def test_simulated_sweep_is_labelled_and_controls_acceptance(tmp_path, prompt_to
             assert float(r["accepted_per_drafted"]) == 1.0
 
 
+def test_token_trees_are_swept_beside_the_gammas(tmp_path, prompt_tokenizer):
+    args = TINY_SWEEP + ["--simulate-acceptance", "0.6", "--tree", "2,1", "nodes 3 depth 2", "--out", str(tmp_path)]
+    assert main(args) == 0
+    _, rows = read_csv(tmp_path / "sweep.csv")
+    assert [(int(r["max_gen"]), r["gamma"], r["tree"]) for r in rows] == [
+        (n, g, t) for n in (6, 10) for g, t in (("1", ""), ("3", ""), ("2", "2,1"), ("2", "nodes 3 depth 2"))]
+    for r in rows:
+        assert r["identical_runs"] == r["compared_runs"] == "4"  # greedy trees reproduce the baseline
+        if r["tree"]:  # E is the measured tokens per call; one draft pass per depth; t_v over the tree's nodes
+            E = float(r["tokens_per_call"])
+            assert float(r["expected_tokens"]) == pytest.approx(E)
+            t_d, t_t, t_v = float(r["t_draft_ms"]), float(r["t_target_ms"]), float(r["t_verify_ms"])
+            assert float(r["predicted_speedup"]) == pytest.approx(E * t_t / (int(r["gamma"]) * t_d + t_v))
+    md = (tmp_path / "sweep.md").read_text()
+    assert "| 6 | tree 2,1 | 0.6 |" in md and "Tree rows (spec_decoding/tree_loop.py)" in md
+    report = json.loads((tmp_path / "sweep.json").read_text())
+    assert report["settings"]["trees"] == ["2,1", "nodes 3 depth 2"]
+    assert set(report["components_seconds"]["6"]["t_verify"]) == {"1", "3", "2,1", "nodes 3 depth 2"}
+
+
+def test_pooled_tree_stats_add_up_per_depth_and_rank():
+    a, b = SpecStats(2, tree="2,1"), SpecStats(2, tree="2,1")
+    a.record_tree_step(4, (1, 0), judged=2, target_token=True)
+    b.record_tree_step(4, (0,), judged=2, target_token=True)
+    total = pooled([a, b])
+    assert total.accepted_rank == [[1, 1], [1]] and total.accepted_at == [2, 1] and total.reached_at == [2, 2]
+
+
 def test_int8_sweep_quantises_both_models_and_stays_lossless_against_the_int8_target(tmp_path, prompt_tokenizer):
     args = ["--tiny", "--quantize", "int8", "--gamma", "2", "--max-gen", "6", "--prompts", "1", "--repeats", "1",
             "--component-calls", "1", "--no-progress", "--out", str(tmp_path)]
@@ -234,6 +262,9 @@ def test_peer_transformers_runs_beside_ours(tmp_path, prompt_tokenizer):
         (["--tiny", "--simulate-acceptance", "0.5", "--peer", "transformers"], "cannot simulate"),
         (["--random-weights", "--target", "gpt9"], "no preset named 'gpt9'"),
         (["--tiny", "--quantize", "int8", "--dtype", "bfloat16"], "int8 weights are for the CPU in float32"),
+        (["--tiny", "--tree", "0,2"], "integers >= 1 such as 3,2,1,1"),
+        (["--tiny", "--tree", "2", "--peer", "transformers"], "--peer has no token trees"),
+        (["--tiny", "--tree", "2", "--simulate-acceptance", "0.9", "--tree-profile", "0.2"], "sum to <= 1"),
     ],
 )
 def test_user_mistakes_exit_with_one_line(args, message, capsys, tmp_path):

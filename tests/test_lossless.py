@@ -25,17 +25,15 @@ from p_target instead of the residual).
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import spec_decoding.acceptance
 import spec_decoding.loop
 from gpt2 import GPT2, GPT2Config
-from gpt2.sampling import SamplingConfig, logits_to_probs, sample
+from gpt2.sampling import SamplingConfig, sample
 from spec_decoding import Verdict, speculative_generate
-from helpers import perturbed_copy, tiny_gpt2
+from helpers import chi_square, chi_square_quantile_0999, exact_continuation_distribution, perturbed_copy, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -60,8 +58,6 @@ SETTINGS = {
 RUNS = {"temperature 1": 10_000, "temperature 0.7, top-k 4": 2_000, "top-p 0.8": 2_000}
 WRONG_RULE_RUNS = 2_000
 
-Z_0999 = 3.090232  # the 0.999 quantile of the standard normal
-
 
 @pytest.fixture(scope="module")
 def target() -> GPT2:
@@ -73,19 +69,9 @@ def draft(target) -> GPT2:
     return perturbed_copy(target, scale=DRAFT_PERTURBATION, seed=2)
 
 
-@torch.inference_mode()
 def exact_distribution(target: GPT2, sampling: SamplingConfig) -> torch.Tensor:
-    """(V^n,) float64: P(first n new tokens = x) for every x, in the order of
-    `torch.cartesian_prod` (x1 * V^(n-1) + ... + xn), from the target alone."""
-    V, n = CONFIG.vocab_size, N_TOKENS
-    prompt = torch.tensor(PROMPT)  # (1, T)
-    T = prompt.size(1)
-    continuations = torch.cartesian_prod(*[torch.arange(V)] * n)  # (V^n, n)
-    ids = torch.cat([prompt.expand(len(continuations), T), continuations], dim=1)  # (V^n, T + n)
-    probs = logits_to_probs(target(ids), sampling).double()  # (V^n, T + n, V)
-    # Row T - 1 + j predicts new token j: gather p(x_j | prompt, x_<j) and multiply.
-    per_token = probs[:, T - 1 : T - 1 + n].gather(-1, continuations[..., None])  # (V^n, n, 1)
-    return per_token.squeeze(-1).prod(dim=-1)  # (V^n,)
+    """(V^n,) float64: P(first n new tokens = x) for every x, from the target alone."""
+    return exact_continuation_distribution(target, torch.tensor(PROMPT), N_TOKENS, sampling)
 
 
 def sampled_counts(
@@ -117,31 +103,6 @@ def sampled_counts(
         counts[index] += 1
         first_step_accepted[accepted_per_step[0]] += 1
     return counts, first_step_accepted
-
-
-def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    """Pearson's statistic of `counts` against `probs`, and its degrees of freedom.
-
-    Cells expected fewer than 5 times are pooled into one. An outcome the target
-    cannot produce (expected 0, observed > 0) makes the statistic infinite."""
-    N = counts.sum()
-    expected = probs * N
-    big = expected >= 5
-    observed = torch.cat([counts[big], counts[~big].sum()[None]])
-    expected = torch.cat([expected[big], expected[~big].sum()[None]])
-    if expected[-1] == 0:  # nothing pooled: drop the empty cell, unless something impossible was seen
-        if observed[-1] > 0:
-            return math.inf, len(observed) - 1
-        observed, expected = observed[:-1], expected[:-1]
-    statistic = float(((observed - expected) ** 2 / expected).sum())
-    return statistic, len(observed) - 1
-
-
-def chi_square_quantile_0999(df: int) -> float:
-    """Wilson-Hilferty: (chi2_df / df)^(1/3) is close to normal with mean
-    1 - 2/(9 df) and variance 2/(9 df)."""
-    h = 2.0 / (9.0 * df)
-    return df * (1.0 - h + Z_0999 * math.sqrt(h)) ** 3
 
 
 def test_the_quantile_approximation():

@@ -142,8 +142,8 @@ class FastGPT2:
                 the T new keys and values go at [lengths[b], lengths[b] + T).
                 (The model moves the lengths on afterwards.) None: a scratch
                 cache for this pass.
-            mask: (T, T) bool, which new tokens each new token sees; None:
-                causal.
+            mask: (T, W) bool, which new tokens (and, W > T, which of the
+                W - T last cached positions) each new token sees; None: causal.
             last_logits_only: the LM head for the last position only.
 
         Returns:
@@ -159,7 +159,7 @@ class FastGPT2:
         if cache is None:
             cache = KVCache(model.config, B, capacity=T)
         out = x.contiguous().clone()  # (B, T, C): the kernel updates it in place, block after block
-        mask_bytes = None if mask is None else mask.to(torch.uint8).contiguous()  # (T, T)
+        mask_bytes = None if mask is None else mask.to(torch.uint8).contiguous()  # (T, W)
         chunks = -(-T // MAX_NEW_TOKENS)  # one call, or a long prefill in chunks of equal size
         bounds = [T * i // chunks for i in range(chunks + 1)]
         for t0, t1 in zip(bounds, bounds[1:]):
@@ -198,7 +198,7 @@ class FastGPT2:
             table, model.config.n_layer, x.data_ptr(), scratch.data_ptr(),
             B, T, C, model.config.n_head, model.config.layer_norm_epsilon,
             k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
-            starts.data_ptr(), None if mask is None else mask.data_ptr(),
+            starts.data_ptr(), None if mask is None else mask.data_ptr(), T if mask is None else mask.size(1),
         )
 
     def head(self, model: GPT2, x: torch.Tensor) -> torch.Tensor:

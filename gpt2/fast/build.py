@@ -111,9 +111,9 @@ def bind(library: ctypes.CDLL, path: Path) -> Kernels:
     linear = library.few_rows_linear
     linear.argtypes = [ptr] * 5 + [i64] * 3 + [ptr, ptr, f32, ctypes.c_int, ptr]
     attention = library.few_queries_attention
-    attention.argtypes = [ptr] * 6 + [i64] * 3 + [ptr, ptr] + [i64] * 6 + [f32]
+    attention.argtypes = [ptr] * 6 + [i64] * 3 + [ptr, ptr] + [i64] * 7 + [f32]
     blocks = library.few_rows_blocks
-    blocks.argtypes = [ptr, i64, ptr, ptr] + [i64] * 4 + [f32, ptr, ptr] + [i64] * 3 + [ptr, ptr]
+    blocks.argtypes = [ptr, i64, ptr, ptr] + [i64] * 4 + [f32, ptr, ptr] + [i64] * 3 + [ptr, ptr, i64]
     for function in (linear, attention, blocks):
         function.restype = None
     return Kernels(linear, attention, blocks, path)

@@ -7,14 +7,17 @@
  *
  * Row b's new tokens go into its cache at [P, P + T). Query t of row b sees
  * the cached keys [0, P) and the new tokens u that mask[t][u] allows (causal,
- * u <= t, without a mask; its ancestors in a token tree). Each cached key and
- * value is read once for all T queries.
+ * u <= t, without a mask; its ancestors in a token tree). A mask W > T wide
+ * covers a window of the W - T last cached keys and then the new tokens:
+ * query t sees the keys before the window, and the window keys the mask
+ * allows (a tree drafted one depth per pass). Each cached key and value is
+ * read once for all T queries.
  *
  * Batch invariance: a query's result depends only on the keys it sees, never
  * on T, B or where its keys sit in the cache. Every score is the same 8-lane
  * dot product reduced as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7));
  * the softmax and the weighted sum of values run over the seen keys in one
- * order, the cached ones first and then the new ones in index order. So a
+ * order, by position: the keys before the window, then the seen window keys. So a
  * position gives the same bits in a decode step, inside a verification pass,
  * at the end of a tree path and in a prefill chunk.
  *
@@ -60,21 +63,22 @@ static inline __m256 dot_lanes(const float *q, const float *k, int64_t hs) {
  * k_new, v_new: the T new keys and values of each row, laid out like q, which
  * are first copied into the cache at [starts[b], starts[b] + T); or NULL where
  * they are there already. k, v: the cache, (B, nh, S, hs) with strides kv_b,
- * kv_h, hs. starts: (B,). mask: (T, T) bytes, mask[t * T + u] nonzero where
- * query t sees new token u (it must see itself); NULL: causal.
+ * kv_h, hs. starts: (B,). mask: (T, W) bytes, W >= T, mask[t * W + u] nonzero
+ * where query t sees window key u, key starts[b] + T - W + u (it must see
+ * itself, u = W - T + t); NULL: causal (W = T).
  * y: (B, T, nh, hs) contiguous. hs must be a multiple of 8. */
 void few_queries_attention(const float *q, const float *k_new, const float *v_new, float *k, float *v, float *y,
                            int64_t B, int64_t nh, int64_t T, const int64_t *starts, const uint8_t *mask,
-                           int64_t hs, int64_t q_b, int64_t q_h, int64_t q_t, int64_t kv_b, int64_t kv_h,
+                           int64_t W, int64_t hs, int64_t q_b, int64_t q_h, int64_t q_t, int64_t kv_b, int64_t kv_h,
                            float scale) {
 #pragma omp parallel
     {
         float *scores = NULL;        /* this thread's rows of scores, then probabilities */
-        int64_t *new_keys = malloc((size_t)T * sizeof(int64_t)); /* the seen new tokens of one query */
+        int64_t *window_keys = malloc((size_t)W * sizeof(int64_t)); /* the seen window keys of one query */
         int64_t capacity = 0;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < B * nh; bh++) {
-            const int64_t b = bh / nh, h = bh % nh, P = starts[b];
+            const int64_t b = bh / nh, h = bh % nh, P = starts[b], P0 = P + T - W; /* the window: [P0, P + T) */
             const float *qh = q + b * q_b + h * q_h; /* query t at qh + t * q_t */
             float *kh = k + b * kv_b + h * kv_h;     /* key j at kh + j * hs */
             float *vh = v + b * kv_b + h * kv_h;
@@ -110,12 +114,15 @@ void few_queries_attention(const float *q, const float *k_new, const float *v_ne
 
             for (int64_t t = 0; t < T; t++) {
                 float *row = scores + t * (P + T); /* the seen keys' scores, compacted: [0, seen) */
-                /* ... then the new tokens this query sees, in index order */
-                int64_t seen = P, n_new = 0;
-                for (int64_t u = 0; u < T; u++) {
-                    if (mask ? mask[t * T + u] != 0 : u <= t) {
-                        new_keys[n_new++] = P + u;
-                        row[seen++] = scale * sum8_tree(dot_lanes(qh + t * q_t, kh + (P + u) * hs, hs));
+                /* the keys before the window, then the window keys this query sees, in index order
+                 * (a cached one's score is already in row[P0 + u], and seen <= P0 + u: moved down in place) */
+                int64_t seen = P0, n_window = 0;
+                for (int64_t u = 0; u < W; u++) {
+                    if (mask ? mask[t * W + u] != 0 : u <= t) {
+                        const int64_t key = P0 + u;
+                        window_keys[n_window++] = key;
+                        row[seen++] = key < P ? row[key]
+                                              : scale * sum8_tree(dot_lanes(qh + t * q_t, kh + key * hs, hs));
                     }
                 }
 
@@ -148,7 +155,7 @@ void few_queries_attention(const float *q, const float *k_new, const float *v_ne
                     __m256 acc[8];
                     for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
                     for (int64_t i2 = 0; i2 < seen; i2++) {
-                        const int64_t key = i2 < P ? i2 : new_keys[i2 - P];
+                        const int64_t key = i2 < P0 ? i2 : window_keys[i2 - P0];
                         __m256 pj = _mm256_set1_ps(row[i2]);
                         const float *vj = vh + key * hs + c0;
                         for (int l = 0; l < width / 8; l++)
@@ -159,6 +166,6 @@ void few_queries_attention(const float *q, const float *k_new, const float *v_ne
             }
         }
         free(scores);
-        free(new_keys);
+        free(window_keys);
     }
 }

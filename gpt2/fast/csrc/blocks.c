@@ -23,7 +23,7 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
 
 void few_queries_attention(const float *q, const float *k_new, const float *v_new, float *k, float *v, float *y,
                            int64_t B, int64_t nh, int64_t T, const int64_t *starts, const uint8_t *mask,
-                           int64_t hs, int64_t q_b, int64_t q_h, int64_t q_t, int64_t kv_b, int64_t kv_h,
+                           int64_t W, int64_t hs, int64_t q_b, int64_t q_h, int64_t q_t, int64_t kv_b, int64_t kv_h,
                            float scale);
 
 /* One block's parameters as data pointers: the layer norms' weight and bias
@@ -47,11 +47,11 @@ typedef struct {
  * scratch: 9 N C floats. k_cache, v_cache: (L, B, nh, S, hs) with strides
  * (layer_stride, kv_b, kv_h, hs, 1). starts: (B,), row b's cached positions
  * [0, starts[b]); its T new tokens are written at [starts[b], starts[b] + T).
- * mask: (T, T) bytes or NULL (causal), see few_queries_attention. */
+ * mask: (T, W) bytes or NULL (causal, W = T), see few_queries_attention. */
 void few_rows_blocks(const BlockPointers *blocks, int64_t n_layer, float *x, float *scratch,
                      int64_t B, int64_t T, int64_t C, int64_t nh, float eps,
                      float *k_cache, float *v_cache, int64_t layer_stride, int64_t kv_b, int64_t kv_h,
-                     const int64_t *starts, const uint8_t *mask) {
+                     const int64_t *starts, const uint8_t *mask, int64_t mask_width) {
     const int64_t N = B * T, hs = C / nh;
     float *qkv = scratch;          /* (N, 3C) */
     float *y = qkv + N * 3 * C;    /* (N, C) */
@@ -64,7 +64,7 @@ void few_rows_blocks(const BlockPointers *blocks, int64_t n_layer, float *x, flo
                         b->ln_1_weight, b->ln_1_bias, eps, 0, NULL);
         /* q, k, v of token (b, t), head h at qkv + (b T + t) 3C + {0, C, 2C} + h hs */
         few_queries_attention(qkv, qkv + C, qkv + 2 * C, k_cache + l * layer_stride, v_cache + l * layer_stride, y,
-                              B, nh, T, starts, mask, hs, T * 3 * C, hs, 3 * C, kv_b, kv_h, attn_scale);
+                              B, nh, T, starts, mask, mask_width, hs, T * 3 * C, hs, 3 * C, kv_b, kv_h, attn_scale);
         few_rows_linear(y, b->attn_proj, b->attn_proj_scale, b->attn_proj_bias, x2, N, C, C,
                         NULL, NULL, 0.0f, 0, x);
         few_rows_linear(x2, b->c_fc, b->c_fc_scale, b->c_fc_bias, h, N, C, 4 * C,

@@ -1,0 +1,288 @@
+"""`speculative_generate(..., tree=...)` against the baseline `gpt2.generate`,
+on tiny random GPT-2s (the setup of tests/test_speculative.py).
+
+Greedy tree decoding must emit exactly the tokens greedy decoding of the
+target alone emits, whatever the tree: static shapes and dynamic node
+budgets, drafts that agree always, sometimes or never, a one-token prompt,
+a token budget ending inside a tree, the context window's edge, and an
+end-of-text token inside an accepted path. A chain is the tree with branching
+1 everywhere: it gives the chain code's output and counts, draw for draw.
+Then the statistics, the KV caches (each step feeds the target only the tree
+on top of the committed tokens), the fast path, the simulated tree drafter
+and the errors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpt2.fast
+from gpt2 import GPT2, GPT2Config, generate
+from spec_decoding import (
+    SimulatedDrafter,
+    SimulatedTreeDrafter,
+    SpecStats,
+    TreeShape,
+    speculative_generate,
+    tree_speculative_generate,
+)
+from helpers import ForwardRecorder, perturbed_copy, tiny_gpt2
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TARGET_CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=64)
+DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=64)
+PERTURBATION = 0.04  # the "perturbed" draft agrees with the target some of the time
+PROMPTS = {"4 tokens": [[1, 2, 3, 4]], "1 token": [[7]]}
+SHAPES = {
+    "2": TreeShape.parse("2"),
+    "3,1": TreeShape.parse("3,1"),
+    "2,2,1": TreeShape.parse("2,2,1"),
+    "3,2,1,1": TreeShape.parse("3,2,1,1"),
+    "dynamic 6, depth 3": TreeShape(nodes=6, depth=3),
+    "dynamic 16, depth 5": TreeShape(nodes=16, depth=5),
+}
+NEW_TOKENS = 40
+
+
+@pytest.fixture(scope="module", params=[0, 1, 2], ids=lambda seed: f"seed {seed}")
+def models(request):
+    """(target, {draft name: draft}) for one seed."""
+    target = tiny_gpt2(TARGET_CONFIG, seed=request.param)
+    return target, {
+        "self": target,
+        "perturbed": perturbed_copy(target, scale=PERTURBATION, seed=request.param + 10),
+        "unrelated": tiny_gpt2(DRAFT_CONFIG, seed=request.param + 20),
+    }
+
+
+def prompt(name: str = "4 tokens") -> torch.Tensor:
+    return torch.tensor(PROMPTS[name])
+
+
+def check_stats_consistent(stats: SpecStats, out: torch.Tensor, T: int, shape: TreeShape) -> None:
+    """The counters of one tree run agree with each other and with its output."""
+    hist = stats.accepted_hist
+    assert stats.gamma == shape.max_depth and stats.tree == str(shape)
+    assert stats.new_tokens == out.size(1) - T == stats.accepted + stats.target_tokens
+    assert stats.target_calls == sum(hist)
+    assert stats.accepted == sum(n * steps for n, steps in enumerate(hist))
+    assert stats.drafted <= shape.max_nodes * stats.target_calls
+    assert stats.accepted_at == [sum(hist[i + 1 :]) for i in range(shape.max_depth)]
+    assert all(a <= r for a, r in zip(stats.accepted_at, stats.reached_at))
+    # Each accepted node had one sibling rank: the ranks at depth d add up to the acceptances there.
+    assert [sum(ranks) for ranks in stats.accepted_rank] == stats.accepted_at[: len(stats.accepted_rank)]
+    assert stats.target_tokens in (stats.target_calls, stats.target_calls - int(stats.stopped_at_eos))
+
+
+# ---------------------------------------------------------------------------
+# Greedy: identical to the baseline
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt_name", PROMPTS)
+@pytest.mark.parametrize("shape_name", SHAPES)
+@pytest.mark.parametrize("draft_name", ["self", "perturbed", "unrelated"])
+def test_greedy_equals_baseline_token_for_token(models, draft_name, shape_name, prompt_name):
+    target, drafts = models
+    ids, shape = prompt(prompt_name), SHAPES[shape_name]
+    out, stats = speculative_generate(target, drafts[draft_name], ids, tree=shape, max_new_tokens=NEW_TOKENS)
+    assert out.tolist() == generate(target, ids, NEW_TOKENS).tolist()
+    check_stats_consistent(stats, out, ids.size(1), shape)
+    if draft_name == "self":  # the draft's first choice is always the target's
+        assert stats.alpha == 1.0 and all(ranks[1:] == [0] * (len(ranks) - 1) for ranks in stats.accepted_rank)
+
+
+def test_the_perturbed_draft_accepts_other_siblings_than_the_first(models):
+    target, drafts = models
+    _, stats = speculative_generate(target, drafts["perturbed"], prompt(), tree="3,2,1,1", max_new_tokens=NEW_TOKENS)
+    assert 0 < stats.alpha < 1
+    assert sum(stats.accepted_rank[0][1:]) > 0, "a second or third candidate was accepted at depth 1"
+
+
+@pytest.mark.parametrize("max_new_tokens", range(10))
+def test_a_budget_ending_inside_a_tree_gives_exactly_max_new_tokens(models, max_new_tokens):
+    target, drafts = models
+    ids = prompt()
+    for draft_name in ("self", "perturbed"):
+        out, _ = speculative_generate(target, drafts[draft_name], ids, tree="2,2,1", max_new_tokens=max_new_tokens)
+        assert out.tolist() == generate(target, ids, max_new_tokens).tolist()
+
+
+@pytest.mark.parametrize("shape_name", ["3,2,1,1", "dynamic 16, depth 5"])
+@pytest.mark.parametrize("draft_name", ["self", "perturbed"])
+def test_generation_stops_at_the_context_window(models, draft_name, shape_name):
+    target, drafts = models
+    shape = SHAPES[shape_name]
+    for ids in (prompt(), torch.arange(TARGET_CONFIG.n_ctx - 5)[None] % 64):  # short, and 5 short of the edge
+        out, stats = speculative_generate(target, drafts[draft_name], ids, tree=shape, max_new_tokens=1000)
+        assert out.size(1) == TARGET_CONFIG.n_ctx
+        assert out.tolist() == generate(target, ids, 1000).tolist()
+        check_stats_consistent(stats, out, ids.size(1), shape)
+
+
+def test_a_draft_with_a_shorter_window_stops_drafting_and_the_target_goes_on(models):
+    target, _ = models
+    short_draft = GPT2(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=24, vocab_size=64)).eval()
+    weights = target.state_dict()
+    weights["wpe.weight"] = weights["wpe.weight"][:24]
+    short_draft.load_state_dict(weights)
+    with ForwardRecorder(short_draft) as draft_calls:
+        out, stats = speculative_generate(target, short_draft, prompt(), tree="2,2,2", max_new_tokens=1000)
+    assert out.tolist() == generate(target, prompt(), 1000).tolist()
+    assert max(c.cached + c.tokens for c in draft_calls.calls) <= 24  # never past the draft's window
+    assert stats.plain_steps > 0
+
+
+@pytest.mark.parametrize("shape_name", ["2,2,1", "3,2,1,1"])
+def test_eos_inside_an_accepted_path_ends_the_output_there(models, shape_name):
+    # With draft = target every step accepts a full path, then a bonus token.
+    # An EOS at a drafted index is accepted with more of the path behind it.
+    target, _ = models
+    shape, ids = SHAPES[shape_name], prompt()
+    T = ids.size(1)
+    baseline = generate(target, ids, NEW_TOKENS)
+    step = shape.max_depth + 1
+    new = baseline[0, T:].tolist()
+    index = next(i for i in range(5, NEW_TOKENS) if i % step < shape.max_depth - 1 and new[i] not in new[:i])
+    eos_id = new[index]
+    steps = []
+    out, stats = speculative_generate(
+        target, target, ids, tree=shape, max_new_tokens=NEW_TOKENS, eos_id=eos_id,
+        on_step=lambda tokens, accepted: steps.append((list(tokens), accepted)),
+    )
+    assert out.tolist() == generate(target, ids, NEW_TOKENS, eos_id=eos_id).tolist()
+    assert out[0, T:].tolist() == new[: index + 1]  # nothing after EOS
+    last_tokens, last_accepted = steps[-1]
+    assert last_tokens[-1] == eos_id and last_accepted == len(last_tokens) < step
+    assert stats.stopped_at_eos and stats.target_tokens == stats.target_calls - 1
+    check_stats_consistent(stats, out, T, shape)
+
+
+# ---------------------------------------------------------------------------
+# A chain is a tree of branching 1
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_a_chain_shaped_tree_gives_the_chain_codes_output_and_counts(models, gamma, temperature):
+    target, drafts = models
+    runs = {}
+    for name, how in (("chain", {"gamma": gamma}), ("tree", {"tree": TreeShape(branching=(1,) * gamma)})):
+        runs[name] = speculative_generate(
+            target, drafts["perturbed"], prompt(), max_new_tokens=NEW_TOKENS, temperature=temperature,
+            generator=torch.Generator().manual_seed(7), **how,
+        )
+    (chain_out, chain), (tree_out, tree) = runs["chain"], runs["tree"]
+    assert tree_out.tolist() == chain_out.tolist()
+    for counter in ("new_tokens", "target_calls", "draft_calls", "drafted", "accepted", "accepted_hist",
+                    "reached_at", "accepted_at", "target_tokens"):  # fmt: skip
+        assert getattr(tree, counter) == getattr(chain, counter), counter
+
+
+# ---------------------------------------------------------------------------
+# The KV caches are reused: no recompute
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_step_feeds_the_target_one_tree_on_its_cache(models, temperature):
+    target, drafts = models
+    draft = drafts["perturbed"]
+    ids, shape = prompt(), TreeShape.parse("3,2,1")
+    T = ids.size(1)
+    committed, trees = [T], []
+    with ForwardRecorder(target) as target_rec, ForwardRecorder(draft) as draft_rec:
+        out, stats = tree_speculative_generate(
+            target, draft, ids, tree=shape, max_new_tokens=NEW_TOKENS, temperature=temperature,
+            generator=torch.Generator().manual_seed(0),
+            on_step=lambda tokens, accepted: committed.append(committed[-1] + len(tokens)),
+            on_tree=lambda tree, verdict: trees.append(tree),
+        )
+    verify = target_rec.calls[1:]  # after the prefill of T - 1 tokens
+    assert (target_rec.calls[0].tokens, target_rec.calls[0].cached) == (T - 1, 0)
+    assert [(c.tokens, c.cached) for c in verify] == [(tree.size, S - 1) for tree, S in zip(trees, committed)]
+    # The draft: one prefill, then per step one pass per depth: the committed
+    # tokens it lacks (one or two), then each level but the last (3, then 6).
+    draft_steps = draft_rec.calls[1:]
+    assert len(draft_steps) == stats.draft_calls == sum(min(3, tree.depth) for tree in trees)
+    assert all(c.tokens in (1, 2, 3, 6) for c in draft_steps)
+    check_stats_consistent(stats, out, T, shape)
+
+
+# ---------------------------------------------------------------------------
+# The fast path
+# ---------------------------------------------------------------------------
+
+
+def test_greedy_trees_on_the_fast_path_equal_the_fast_baseline(fast_kernels):
+    target = gpt2.fast.accelerate(tiny_gpt2(TARGET_CONFIG, seed=0))
+    draft = gpt2.fast.accelerate(perturbed_copy(target, scale=PERTURBATION, seed=10))
+    assert target.accelerator is not None and draft.accelerator is not None
+    ids = prompt()
+    baseline = generate(target, ids, NEW_TOKENS)
+    for shape in ("3,2,1,1", TreeShape(nodes=16, depth=5)):
+        out, stats = speculative_generate(target, draft, ids, tree=shape, max_new_tokens=NEW_TOKENS)
+        assert out.tolist() == baseline.tolist()
+        assert 0 < stats.alpha < 1
+
+
+# ---------------------------------------------------------------------------
+# The simulated tree drafter (for benchmarks)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", [(1.0,), (0.0, 1.0), (0.0,), (0.5, 0.3)])
+def test_the_simulated_tree_drafter_keeps_the_output_and_follows_its_profile(models, profile):
+    target, drafts = models
+    ids = prompt()
+    reference = generate(target, ids, NEW_TOKENS)
+    drafter = SimulatedTreeDrafter(drafts["unrelated"], reference, profile, seed=0)
+    out, stats = speculative_generate(target, drafter, ids, tree="2,2", max_new_tokens=NEW_TOKENS)
+    assert out.tolist() == reference.tolist()
+    depth1 = stats.accepted_rank[0] if stats.accepted_rank else []
+    if profile == (1.0,):
+        assert stats.alpha == 1.0 and depth1[1:] == []  # always the first candidate
+    elif profile == (0.0, 1.0):
+        assert stats.alpha == 1.0 and depth1[0] == 0  # always the second
+    elif profile == (0.0,):
+        assert stats.accepted == 0
+    else:
+        assert 0 < stats.alpha < 1 and depth1[0] > depth1[1] > 0
+
+
+def test_the_simulated_tree_drafter_refuses_bad_settings(models):
+    target, drafts = models
+    reference = generate(target, prompt(), 8)
+    with pytest.raises(ValueError, match="acceptance profile"):
+        SimulatedTreeDrafter(drafts["unrelated"], reference, (0.8, 0.5))
+    drafter = SimulatedTreeDrafter(drafts["unrelated"], reference, (0.5,))
+    with pytest.raises(ValueError, match="greedy decoding only"):
+        speculative_generate(target, drafter, prompt(), tree="2", max_new_tokens=4, temperature=1.0)
+    with pytest.raises(ValueError, match="a SimulatedDrafter drafts chains: .* SimulatedTreeDrafter"):
+        speculative_generate(target, SimulatedDrafter(drafts["unrelated"], reference, 0.5), prompt(), tree="2",
+                             max_new_tokens=4)
+
+
+# ---------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ({"gamma": 3, "tree": "2,1"}, "give gamma .* or tree .*, not both"),
+        ({"tree": "0,2"}, "integers >= 1 such as 3,2,1,1"),
+        ({"tree": "abc"}, "integers >= 1 such as 3,2,1,1"),
+        ({"tree": (2, 1)}, "tree must be a TreeShape or text"),
+        ({}, "gamma must be an integer >= 1"),
+    ],
+)
+def test_bad_tree_settings_raise_a_clear_error_before_any_work(models, how, message):
+    target, drafts = models
+    with ForwardRecorder(target) as rec, pytest.raises(ValueError, match=message):
+        speculative_generate(target, drafts["perturbed"], prompt(), max_new_tokens=5, **how)
+    assert rec.calls == []

@@ -1,0 +1,77 @@
+"""benchmarks/tree_speed.py on tiny shapes: a short run writes its report
+(costs, every config's prediction, the measured ones, the noisy pair), the
+predictions follow the profile model exactly, and bad options are one line
+with exit 2. Speed itself is never asserted here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.common import run_cli
+from benchmarks.tree_speed import interpolate, main, predict_chain, predict_tree
+from spec_decoding import expected_tokens_per_step
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+COSTS = {"r": {1: 1.0, 2: 1.1, 4: 1.5}, "r_tree": {1: 1.0, 2: 1.1, 4: 1.5, 8: 2.5}, "c": {1: 0.2, 2: 0.25}}
+
+
+def test_a_short_run_writes_the_report(tmp_path):
+    out = tmp_path / "ts"
+    args = ["--tiny", "--repeats", "1", "--new-tokens", "8", "--prefix", "4", "--measure", "1", "--max-gamma", "2",
+            "--noisy-prompts", "1", "--trees", "2", "2,1", "nodes 3 depth 2", "--out", str(out)]
+    assert run_cli(main, args) == 0
+    report = (out / "tree_speed.md").read_text(encoding="utf-8")
+    for heading in ("## Costs relative to one target step", "## Profile strong", "## Profile weak",
+                    "## A real acceptance process: the noisy pair"):
+        assert heading in report
+    result = json.loads((out / "tree_speed.json").read_text(encoding="utf-8"))
+    strong, weak = result["profiles"]["strong"], result["profiles"]["weak"]
+    configs = {"chain gamma 1", "chain gamma 2", "tree 2", "tree 2,1", "tree nodes 3 depth 2"}
+    assert set(weak) == configs
+    # The first profile also runs its best predicted chain through the tree loop.
+    (as_tree,) = set(strong) - configs
+    assert as_tree.endswith("(the chain)")
+    for profile, extra in ((weak, set()), (strong, {as_tree})):
+        measured = {name for name, c in profile.items() if "speedup" in c}
+        assert len(measured) == 2 + len(extra) and extra <= measured  # the best chain and the best tree
+        for name in measured:
+            assert len(profile[name]["speedups"]) == 1 and profile[name]["tokens_per_call"] >= 1.0
+    assert result["best"]["weak"]["tree"].startswith("tree") and result["best"]["weak"]["chain"].startswith("chain")
+    assert set(result["noisy"]["greedy"]) == {"chain gamma 1", "chain gamma 2", "tree 2", "tree 2,1",
+                                              "tree nodes 3 depth 2"}
+
+
+def test_predictions_follow_the_profile_model():
+    # A chain: Leviathan et al.'s E at alpha = a_1, gamma draft passes and a (gamma + 1)-token verification.
+    chain = predict_chain(3, 0.6, COSTS)
+    assert chain["E"] == pytest.approx(expected_tokens_per_step(0.6, 3))
+    assert chain["cost"] == pytest.approx(3 * 0.2 + 1.5)
+    assert chain["predicted"] == pytest.approx(chain["E"] / chain["cost"])
+    # Tree 2,1 at a = (0.5, 0.3): depth 1 accepts rank 0 or 1 (0.8); below each, rank 0 (0.5 of that).
+    levels = [[(0, 0), (0, 1)], [(0, 0), (1, 0)]]
+    tree = predict_tree(levels, (0.5, 0.3), COSTS)
+    assert tree["E"] == pytest.approx(1 + 0.5 + 0.3 + 0.5 * 0.5 + 0.3 * 0.5)
+    # The draft's first pass, one pass over the 2 depth-1 nodes, and a 5-token tree verification.
+    assert tree["cost"] == pytest.approx(0.2 + 0.25 + interpolate(COSTS["r_tree"], 5))
+    assert tree["nodes"] == 4 and tree["levels"] == [2, 2]
+
+
+def test_interpolation_between_and_beyond_the_measured_points():
+    table = {1: 1.0, 2: 1.2, 4: 1.6}
+    assert interpolate(table, 2) == 1.2
+    assert interpolate(table, 3) == pytest.approx(1.4)
+    assert interpolate(table, 6) == pytest.approx(2.0)  # the last two points' slope
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--profiles", "medium"], "unknown profile 'medium'"), (["--repeats", "0"], "must be >= 1"),
+     (["--trees", "0,2"], "integers >= 1"), (["--trees", "nodes 3 depth 5"], "give depth <= nodes")],
+)
+def test_bad_options_are_one_line_and_exit_2(args, message, capsys):
+    assert run_cli(main, ["--tiny", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
