@@ -18,7 +18,7 @@ up on what it has not seen the next time it drafts.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -28,7 +28,7 @@ from gpt2.sampling import SamplingConfig, logits_to_probs
 
 from .acceptance import speculative_sampling, speculative_sampling_greedy
 from .drafters import Draft, ModelDrafter
-from .stats import SpecStats
+from .stats import BatchStats, SpecStats
 
 
 def clock(device: torch.device) -> float:
@@ -45,18 +45,19 @@ def clock(device: torch.device) -> float:
 def speculative_generate(
     target: GPT2,
     draft: GPT2 | ModelDrafter,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | Sequence[Sequence[int]],
     *,
+    lengths: torch.Tensor | Sequence[int] | None = None,
     gamma: int,
     max_new_tokens: int,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
     eos_id: int | None = None,
-    generator: torch.Generator | None = None,
-    on_step: Callable[[list[int], int], None] | None = None,
-    stats: SpecStats | None = None,
-) -> tuple[torch.Tensor, SpecStats]:
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    on_step: Callable[..., None] | None = None,
+    stats: SpecStats | BatchStats | None = None,
+) -> tuple[torch.Tensor | list[list[int]], SpecStats | BatchStats]:
     """Generates like `gpt2.generate(target, ...)`, several tokens per target call.
 
     Greedy (temperature 0) output is token-for-token that of greedy decoding of
@@ -67,10 +68,15 @@ def speculative_generate(
     runs past its context window or past the token budget; a sequence longer
     than the draft's window goes on with plain target steps.
 
+    A batch (a list of prompts, a tensor with `lengths`, or B != 1 rows) goes
+    to spec_decoding/batch.py: see `batch_speculative_generate` for what it
+    takes and returns. One (1, T) sequence runs here.
+
     Args:
         target: the large model whose output is reproduced.
         draft: a small GPT-2 (wrapped in a ModelDrafter) or any drafter.
         input_ids: (1, T) prompt token ids on the target's device.
+        lengths: for a batch only: each row's length in a padded tensor.
         gamma: tokens drafted per step, >= 1.
         max_new_tokens: the most tokens to add.
         temperature, top_k, top_p: the one sampling filter, applied alike to
@@ -89,9 +95,17 @@ def speculative_generate(
 
     Raises:
         ValueError: bad settings, a prompt that does not fit the target's
-            window, batch size > 1, a draft or target of the wrong type, or
-            draft and target with different vocabularies.
+            window, a draft or target of the wrong type, or draft and target
+            with different vocabularies.
     """
+    if not isinstance(input_ids, torch.Tensor) or lengths is not None or (input_ids.dim() == 2 and len(input_ids) != 1):
+        from .batch import batch_speculative_generate  # imported here: batch.py uses this module's clock
+
+        return batch_speculative_generate(
+            target, draft, input_ids, lengths=lengths, gamma=gamma, max_new_tokens=max_new_tokens,
+            temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
+            on_step=on_step, stats=stats,
+        )
     sampling = SamplingConfig(temperature, top_k, top_p)
     gamma = check_integer(gamma, "gamma", 1)  # tokens drafted per step
     max_new_tokens = check_max_new_tokens(max_new_tokens)
@@ -111,8 +125,6 @@ def speculative_generate(
         )
     check_prompt(input_ids, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
-    if input_ids.size(0) != 1:
-        raise ValueError(f"speculative decoding runs one sequence at a time: got a batch of {input_ids.size(0)}")
 
     device = input_ids.device
     T = input_ids.size(1)
