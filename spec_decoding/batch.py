@@ -37,8 +37,7 @@ from gpt2.sampling import SamplingConfig, logits_to_probs
 from .acceptance import Verdict, speculative_sampling, speculative_sampling_greedy
 from .batch_drafters import BatchDraft, BatchDrafter
 from .drafters import ModelDrafter
-from .loop import clock
-from .stats import BatchStats
+from .stats import BatchStats, clock
 
 
 def batch_drafter(draft, vocab_size: int) -> BatchDrafter:

@@ -17,7 +17,6 @@ up on what it has not seen the next time it drafts.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -27,18 +26,9 @@ from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs
 
 from .acceptance import speculative_sampling, speculative_sampling_greedy
+from .batch import batch_speculative_generate
 from .drafters import Draft, ModelDrafter
-from .stats import BatchStats, SpecStats
-
-
-def clock(device: torch.device) -> float:
-    """Wall time in seconds, read after `device` has finished its queued work
-    (GPUs run ahead of Python: an unsynchronised clock times the launch only)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-    return time.perf_counter()
+from .stats import BatchStats, SpecStats, clock
 
 
 @torch.inference_mode()
@@ -98,9 +88,8 @@ def speculative_generate(
             window, a draft or target of the wrong type, or draft and target
             with different vocabularies.
     """
-    if not isinstance(input_ids, torch.Tensor) or lengths is not None or (input_ids.dim() == 2 and len(input_ids) != 1):
-        from .batch import batch_speculative_generate  # imported here: batch.py uses this module's clock
-
+    is_batch = not isinstance(input_ids, torch.Tensor) or lengths is not None
+    if is_batch or (input_ids.dim() == 2 and len(input_ids) != 1):  # a batch of prompts: spec_decoding/batch.py
         return batch_speculative_generate(
             target, draft, input_ids, lengths=lengths, gamma=gamma, max_new_tokens=max_new_tokens,
             temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,

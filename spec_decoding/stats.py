@@ -1,4 +1,5 @@
-"""What a speculative decoding run did, and what theory predicts from it.
+"""What a speculative decoding run did (one sequence: SpecStats; a batch:
+BatchStats), the clock that times it, and what theory predicts from it.
 
 Legend: K = gamma (tokens drafted per step), α = acceptance rate,
 c = t_d / t_t (the cost of a draft step relative to a target step).
@@ -13,7 +14,20 @@ verification pass that costs t_v(γ + 1) instead of one target step.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+def clock(device: torch.device) -> float:
+    """Wall time in seconds, read after `device` has finished its queued work
+    (GPUs run ahead of Python: an unsynchronised clock times the launch only)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+    return time.perf_counter()
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
