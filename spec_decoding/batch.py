@@ -4,17 +4,14 @@ own number of drafted tokens (Leviathan et al. 2023, Algorithm 1, per row).
 Legend: B = unfinished rows, S_b = row b's committed length, K_b = tokens
 drafted for row b this step, K = max_b K_b, V = vocab size.
 
-Design: each row keeps its KV cache positions contiguous, [0, length_b), with
-its own length (gpt2/kv_cache.py); attention masks the slots a row does not
-have and position ids follow each row's length (gpt2/model.py). No left
-padding, no offsets. Per step: the draft model drafts for all rows together,
-one forward pass per draft position (batch_drafters.py); the target verifies
-all rows in one pass of K + 1 tokens per row, where a row that drafted fewer
-re-feeds its own last committed tokens in front (same tokens, same positions);
-then each row's verdict comes from the pure rules in acceptance.py, on its own
-rows of the target's scores, and each cache is rewound per row. A row never
-waits for the batch's shortest acceptance, and a row that reaches end-of-text
-or its budget leaves the batch (`KVCache.keep_rows`): it costs nothing after.
+Design: each row's cache positions stay contiguous, with a length of its own
+(gpt2/kv_cache.py; attention masks the rest and position ids follow the row's
+length), rather than left padding with an offset. Per step the draft drafts for
+all rows, one pass per draft position (batch_drafters.py); the target verifies
+all rows in one pass of K + 1 tokens a row (a row that drafted fewer re-feeds
+its own last committed tokens in front); each row's verdict comes from the pure
+rules of acceptance.py on its own scores, and each cache is rewound per row. No
+row waits for the shortest acceptance; a finished row leaves the batch.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
-"""Drafters for a batch of sequences: the draft model proposes for every
-unfinished row at once, one forward pass per draft position.
+"""Drafters for a batch: the draft model proposes for every unfinished row at
+once, one forward pass per draft position.
 
-Legend: B = rows in the batch, S_b = row b's committed length, K_b = tokens
-drafted for row b this step, K = max_b K_b, W = tokens fed per row, V = vocab.
+Legend: B = rows, S_b = row b's committed length, K_b = tokens drafted for
+row b this step, K = max_b K_b, W = tokens fed per row, V = vocab size.
 
-The draft's KV cache has a length per row. Cache invariant (as ModelDrafter's,
-per row): row b holds the keys and values of a prefix of its committed
-sequence, and between steps lacks one or two of its committed tokens (the
-target's token, and the last draft after a fully accepted step).
-
-Every row takes part in every pass (a pass has one token count for all
-rows), so rows that need fewer tokens re-feed tokens they already hold:
-- catching up, a row lacking one token while another lacks two also re-feeds
-  its last cached committed token (the longer rows set W);
-- a row that has drafted its K_b < K tokens re-feeds its last token in place
-  (same token, same position: its cache does not change), so no row ever
-  feeds a position past its own draft, and so never past the draft's window.
-A row with K_b = 0 either finishes this step or has outgrown the draft's
-window for good; it re-feeds its first tokens and its draft cache is not used again.
+Cache invariant, per row as ModelDrafter's: row b holds a prefix of its
+committed tokens and lacks one or two of them between steps. A pass feeds
+every row the same number of tokens, so a row that needs fewer re-feeds what
+it already holds: catching up, its last cached committed token (when another
+row lacks two); done drafting (K_b < K), its last token in place. No row ever
+feeds a position past its own draft, so never past the draft's window. A row
+with K_b = 0 finishes this step or has outgrown the draft's window for good.
 """
 
 from __future__ import annotations
