@@ -140,24 +140,19 @@ def check_prompts(
 
 
 def prompt_row(row, b: int) -> torch.Tensor:
-    """Row b of a list of prompts as a 1-D integer tensor (possibly empty), or a ValueError naming it."""
-    if isinstance(row, torch.Tensor):
-        tensor = row
-    else:
-        if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
-            raise ValueError(f"row {b} must be a list of integer token ids, got {type(row).__name__}")
-        if len(row) == 0:
-            return torch.zeros(0, dtype=torch.int64)
-        if any(isinstance(t, bool) for t in row):
-            raise ValueError(f"row {b} must be a list of integer token ids, got a bool")
-        try:
-            tensor = torch.as_tensor(row)
-        except (TypeError, ValueError, RuntimeError, OverflowError):
-            raise ValueError(f"row {b} must be a list of integer token ids, got {row!r:.60}") from None
-    if tensor.numel() == 0 and tensor.dim() == 1:
-        return tensor.to(torch.int64)
+    """Row b of a list of prompts (a list, array or 1-D tensor of token ids)
+    as a 1-D integer tensor, possibly empty; or a ValueError naming the row."""
+    bad = ValueError(f"row {b} must be a list of integer token ids, got {row!r:.60}")
+    if isinstance(row, (str, bytes)) or (isinstance(row, Sequence) and any(isinstance(t, bool) for t in row)):
+        raise bad
+    try:
+        tensor = row if isinstance(row, torch.Tensor) else torch.as_tensor(row)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise bad from None
+    if tensor.dim() == 1 and tensor.numel() == 0:
+        return tensor.to(torch.int64)  # empty: check_prompts names it
     if tensor.dim() != 1 or tensor.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-        raise ValueError(f"row {b} must be a list of integer token ids, got {row!r:.60}")
+        raise bad
     return tensor
 
 
