@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt2 import GPT2Config, KVCache, fast, generate
+from gpt2 import GPT2Config, fast, generate
 from spec_decoding import BatchStats, SimulatedBatchDrafter, SpecStats, speculative_generate
 from helpers import perturbed_copy, tiny_gpt2
 
