@@ -12,9 +12,11 @@ Algorithm 1; Chen et al. 2023). With --compare the target also decodes alone:
 the measured speedup, the one α and the step costs predict, and (greedy)
 whether both outputs are identical. With --tree 3,2,1,1 (or --tree-nodes N
 --tree-depth D) the draft proposes a token tree, and --show-tree draws each.
+With --prompts-file many prompts are decoded in batches (spec_decoding/batch.py),
+one block per prompt in input order.
 
 stdout carries the text and the stats (or, with --json, exactly one JSON
-object); downloads, progress bars and notes go to stderr. The options and
+object, one per prompt with --prompts-file); downloads, progress bars and notes go to stderr. The options and
 the check of their values, by the library, are in cli/arguments.py. Exit codes:
 0 done, 2 bad input (one line "error: ..."), 130 Ctrl-C (what was generated
 so far and its stats are still printed), 1 an unexpected failure (--debug).
@@ -37,6 +39,7 @@ from cli.arguments import (
     check_settings,
     check_tree,
     read_prompt,
+    read_prompts_file,
 )
 
 # torch and the model code are imported inside the functions that use them:
@@ -48,9 +51,12 @@ from cli.arguments import (
 # ---------------------------------------------------------------------------
 
 
-def load_everything(args: argparse.Namespace, prompt: str, device, dtype, quantize: str | None):
-    """The draft and target models, the target's tokenizer, the prompt's
-    token ids and the two model folders.
+def load_everything(
+    args: argparse.Namespace, prompts: list[str], device, dtype, quantize: str | None, lines: list[int] | None = None
+):
+    """The draft and target models, the target's tokenizer, the token ids of
+    each prompt and the two model folders. `lines`: the prompts' line numbers
+    in --prompts-file (errors name them), or None for the one --prompt.
 
     Everything that can be wrong is checked before the weights are read
     (which takes seconds for GPT-2 large): the downloads, the vocabularies
@@ -93,8 +99,15 @@ def load_everything(args: argparse.Namespace, prompt: str, device, dtype, quanti
             f"the models have {V} tokens but the GPT-2 tokenizer has {tokenizer.n_vocab}: "
             "use GPT-2 checkpoints (or a folder whose vocab.json matches its model)"
         )
-    prompt_ids = tokenizer.encode(prompt, allowed_special="all")  # "<|endoftext|>" in the text is token 50256
-    check_prompt(torch.tensor([prompt_ids], dtype=torch.long), configs["target"].n_ctx, V)
+    # "<|endoftext|>" in the text is token 50256
+    prompt_ids = [tokenizer.encode(prompt, allowed_special="all") for prompt in prompts]
+    for i, ids in enumerate(prompt_ids):
+        try:
+            check_prompt(torch.tensor([ids], dtype=torch.long), configs["target"].n_ctx, V)
+        except ValueError as e:
+            if lines is None:
+                raise
+            raise ValueError(f"line {lines[i]} of {args.prompts_file}: {e}") from None
 
     models = {}
     for role, source in sources.items():
@@ -131,7 +144,7 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
 
     from cli import report
     from cli.stream import DIM, RESET, TokenStream, wants_color
-    from gpt2 import END_OF_TEXT_ID, resolve_device, resolve_dtype
+    from gpt2 import resolve_device, resolve_dtype
     from gpt2.fast.quantize import resolve_quantize
     from spec_decoding.loop import clock
 
@@ -142,7 +155,7 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
         print("note: --top-k and --top-p only apply when sampling (--temperature > 0)", file=sys.stderr)
 
     t_load = time.perf_counter()
-    draft, target, tokenizer, prompt_ids, folders = load_everything(args, prompt, device, dtype, quantize)
+    draft, target, tokenizer, (prompt_ids,), folders = load_everything(args, [prompt], device, dtype, quantize)
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
     warm_up(draft, input_ids)
     warm_up(target, input_ids)
@@ -193,15 +206,8 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
             "text": tokenizer.decode(stream.tokens),  # "<|endoftext|>" at the end if generation stopped there
             "token_ids": stream.tokens,
             "accepted_from_draft": stream.accepted,
-            "settings": {
-                "draft": args.draft, "target": args.target,
-                "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
-                "gamma": args.gamma, "tree": None if tree is None else str(tree), "max_gen": args.max_gen,
-                "temperature": args.temperature, "greedy": sampling.greedy,
-                "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-                "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
-                "eos_id": END_OF_TEXT_ID,
-            },  # as given; "greedy" says how the temperature was read
+            "settings": {**settings_record(args, sampling, folders, device, dtype, quantize),
+                         "tree": None if tree is None else str(tree)},
             "stats": stats.to_dict(),
             "timings": timings,
             "interrupted": interrupted,
@@ -221,6 +227,107 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
         )
         if args.compare:
             report.print_comparison(comparison, stream.tokens, tokenizer)
+    return EXIT_INTERRUPTED if interrupted else EXIT_OK
+
+
+def settings_record(args, sampling, folders, device, dtype, quantize: str | None, seed: int | None = None) -> dict:
+    """The settings as given, for --json ("greedy" says how the temperature was read)."""
+    from gpt2 import END_OF_TEXT_ID
+
+    return {
+        "draft": args.draft, "target": args.target,
+        "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
+        "gamma": args.gamma, "max_gen": args.max_gen,
+        "temperature": args.temperature, "greedy": sampling.greedy,
+        "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed if seed is None else seed,
+        "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
+        "eos_id": END_OF_TEXT_ID,
+    }
+
+
+def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]]) -> int:
+    """Decodes every prompt of --prompts-file, --batch-size of them at a time
+    (spec_decoding/batch.py), and prints one block per prompt in input order,
+    after each batch (with --json, one JSON object per prompt, one per line),
+    then (without --json) the batches' stats. Prompt i samples with its own
+    generator, seeded --seed + i. Returns the exit code.
+
+    `prompts`: (line number, text) pairs, from `read_prompts_file`.
+    """
+    import io
+
+    import torch
+
+    from cli import report
+    from cli.stream import TokenStream, wants_color
+    from gpt2 import END_OF_TEXT_ID, resolve_device, resolve_dtype
+    from gpt2.fast.quantize import resolve_quantize
+    from spec_decoding import BatchStats, speculative_generate
+    from spec_decoding.loop import clock
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    quantize = resolve_quantize(args.quantize, device, dtype)
+    lines = [line for line, _ in prompts]
+    draft, target, tokenizer, prompt_ids, folders = load_everything(
+        args, [text for _, text in prompts], device, dtype, quantize, lines
+    )
+    first = torch.tensor([prompt_ids[0]], dtype=torch.long, device=device)  # (1, T)
+    warm_up(draft, first)
+    warm_up(target, first)
+    color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
+    if not args.json:
+        report.print_header(
+            draft=args.draft, target=args.target, gamma=args.gamma, max_gen=args.max_gen,
+            decoding=report.describe_decoding(sampling, args.seed), device=device, dtype=dtype, quantize=quantize,
+            color=color,
+        )
+
+    batches, interrupted, seconds = [], False, 0.0
+    for start in range(0, len(prompts), args.batch_size):
+        rows = list(range(start, min(start + args.batch_size, len(prompts))))
+        streams = [TokenStream(tokenizer, None if args.json else io.StringIO(), color) for _ in rows]
+        stats = BatchStats(args.gamma, len(rows))  # passed in, so that its counts survive a Ctrl-C
+        t0 = clock(device)
+        try:
+            speculative_generate(
+                target, draft, [prompt_ids[i] for i in rows],
+                gamma=args.gamma, max_new_tokens=args.max_gen,
+                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                eos_id=END_OF_TEXT_ID, generator=[seeded_generator(args.seed + i, device) for i in rows],
+                on_step=lambda row, tokens, accepted: streams[row].on_step(tokens, accepted), stats=stats,
+            )
+        except KeyboardInterrupt:
+            interrupted = True
+        batch_seconds = clock(device) - t0
+        seconds += batch_seconds
+        batches.append(stats)
+        for stream, i, row_stats in zip(streams, rows, stats.rows):
+            stream.finish()
+            length = len(prompt_ids[i]) + len(stream.tokens)
+            stop = report.stop_reason(
+                row_stats, interrupted=interrupted, max_gen=args.max_gen, length=length,
+                target_n_ctx=target.config.n_ctx,
+            )
+            if args.json:
+                json.dump({
+                    "index": i, "line": lines[i], "prompt": prompts[i][1], "prompt_token_ids": prompt_ids[i],
+                    "text": tokenizer.decode(stream.tokens), "token_ids": stream.tokens,
+                    "accepted_from_draft": stream.accepted, "stop": stop, "stats": row_stats.to_dict(),
+                    "batch": {"index": len(batches) - 1, "seconds": batch_seconds,
+                              **{k: v for k, v in stats.to_dict().items() if k != "rows"}},
+                    "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, args.seed + i),
+                                 "prompts_file": args.prompts_file, "batch_size": args.batch_size},
+                    "interrupted": interrupted,
+                }, sys.stdout)
+                sys.stdout.write("\n")
+            else:
+                report.print_row_block(i, len(prompts), lines[i], prompts[i][1], stream.out.getvalue(), row_stats, stop)
+        sys.stdout.flush()
+        if interrupted:
+            break
+    if not args.json:
+        report.print_batch_summary(batches, args.batch_size, seconds, interrupted=interrupted)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
@@ -377,6 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sampling = check_settings(args)
         tree = check_tree(args)
+        if args.prompts_file is not None:
+            if tree is not None:
+                raise ValueError("token trees decode one prompt at a time: drop --tree (or --show-tree) with --prompts-file")
+            return run_file(args, sampling, read_prompts_file(args.prompts_file))
         return run(args, sampling, tree, read_prompt(args))
     except KeyboardInterrupt:  # before generation started (loading, downloading)
         print("\ninterrupted", file=sys.stderr)

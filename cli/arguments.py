@@ -1,7 +1,7 @@
 """The command line of spec_decoding_generate.py: its options, the check of
 their values (by the library: `SamplingConfig`, `check_integer`, `TreeShape`;
-a bad value is a ValueError naming its flag), and the prompt (from --prompt
-or stdin).
+a bad value is a ValueError naming its flag), and the prompts (from --prompt,
+stdin, or --prompts-file).
 
 argparse's own errors (an unknown flag, `--gamma abc`) are one line
 "error: ..." and exit code 2, like every other bad input.
@@ -10,7 +10,9 @@ argparse's own errors (an unknown flag, `--gamma abc`) are one line
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 DEFAULT_PROMPT = (
     "In a shocking finding, scientist discovered a herd of unicorns living in a remote, "
@@ -47,10 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument(
-        "-p", "--prompt", default=DEFAULT_PROMPT,
+        "-p", "--prompt", default=None,
         help="the text to continue; '-' reads it from stdin (one trailing newline is dropped); "
         "'<|endoftext|>' in it is GPT-2's end-of-text token "
         "(default: GPT-2's unicorn prompt, 'In a shocking finding, scientist discovered a herd of unicorns...')",
+    )
+    parser.add_argument(
+        "--prompts-file", default=None, metavar="FILE",
+        help="decode every prompt of FILE instead of --prompt: one prompt per line, or JSON Lines with a "
+        '"prompt" field on each line ({"prompt": "..."}); --batch-size of them at a time, printed as one block '
+        "per prompt in input order (with --json, one JSON object per prompt, one per line)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=8,
+        help="with --prompts-file, how many prompts are decoded together in one batch, >= 1 (default: 8). "
+        "Prompt i of the file (from 0) samples with seed --seed + i, so its text does not depend on the batch",
     )
     parser.add_argument(
         "--gamma", type=int, default=None,
@@ -152,6 +165,11 @@ def check_settings(args: argparse.Namespace):
     if args.gamma is not None:
         check_integer(args.gamma, "--gamma", 1)  # as speculative_generate checks gamma
     check_integer(args.max_gen, "--max-gen", 1)
+    check_integer(args.batch_size, "--batch-size", 1)
+    if args.prompts_file is not None and args.prompt is not None:
+        raise ValueError("give --prompt or --prompts-file, not both")
+    if args.prompts_file is not None and args.compare:
+        raise ValueError("--compare works with one --prompt, not with --prompts-file")
     try:
         return SamplingConfig(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
@@ -197,7 +215,10 @@ def check_tree(args: argparse.Namespace):
 
 
 def read_prompt(args: argparse.Namespace) -> str:
-    """The prompt text: --prompt, or stdin for '-'. Raises ValueError if empty."""
+    """The prompt text: --prompt (by default GPT-2's unicorn prompt), or stdin
+    for '-'. Raises ValueError if empty."""
+    if args.prompt is None:
+        return DEFAULT_PROMPT
     if args.prompt != "-":
         if args.prompt == "":
             raise ValueError("the prompt is empty: pass some text with --prompt, or '-p -' to read it from stdin")
@@ -210,3 +231,45 @@ def read_prompt(args: argparse.Namespace) -> str:
     if text == "":
         raise ValueError("the prompt read from stdin is empty: pipe some text in (echo 'Once upon a time' | ...)")
     return text
+
+
+def read_prompts_file(path: str) -> list[tuple[int, str]]:
+    """The prompts of --prompts-file, each with its line number (from 1).
+
+    One prompt per line; or, if the first line starts with "{", JSON Lines:
+    every line a JSON object with a "prompt" string.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not UTF-8 text, an empty file, an empty line, a JSON line
+            without a "prompt" string (the message names the line).
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"--prompts-file {path}: no such file")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"--prompts-file {path} is not UTF-8 text") from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the file's final newline ends the last line
+    lines = [line.removesuffix("\r") for line in lines]
+    if not lines:
+        raise ValueError(f"--prompts-file {path} is empty: write one prompt per line")
+    json_lines = lines[0].lstrip().startswith("{")
+    prompts = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise ValueError(f"line {number} of {path} is empty: write one prompt on every line")
+        prompt = line
+        if json_lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f'line {number} of {path} is not JSON ({e.msg}): write {{"prompt": "..."}}') from None
+            prompt = record.get("prompt") if isinstance(record, dict) else None
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError(f'line {number} of {path} has no "prompt" text: write {{"prompt": "..."}}')
+        prompts.append((number, prompt))
+    return prompts

@@ -1,5 +1,6 @@
 """What spec_decoding_generate.py prints around the streamed text: the header,
-the stats block of the run, and the comparison with the target alone.
+the stats block of the run, and the comparison with the target alone; for
+--prompts-file, one block per prompt and the stats of the batches.
 
 Names follow Leviathan et al. 2023: α is the acceptance rate (accepted /
 judged drafts, `SpecStats.alpha`), γ the draft length, E(α, γ) the expected
@@ -11,7 +12,7 @@ costs predict is Theorem 3.8 with the verification at its measured cost
 from __future__ import annotations
 
 from gpt2.sampling import GREEDY_BELOW_TEMPERATURE, SamplingConfig
-from spec_decoding import SpecStats, expected_tokens_per_step
+from spec_decoding import BatchStats, SpecStats, expected_tokens_per_step
 
 from .stream import ACCEPTED_STYLE, RESET, TARGET_STYLE
 
@@ -210,3 +211,37 @@ def describe_speedup(comparison: dict) -> str:
             "run again on a quiet machine"
         )
     return text
+
+
+def print_row_block(index: int, total: int, line: int, prompt: str, text: str, stats: SpecStats, stop: str) -> None:
+    """One prompt of --prompts-file: a title, the prompt and its generated
+    `text` (coloured as streamed), and the row's own counts."""
+    print(f"=== prompt {index + 1} of {total} (line {line}) ===")
+    print(prompt + text)
+    alpha = f"α {stats.alpha:.3f}" if stats.drafted else "α n/a: nothing was drafted"
+    print(
+        f"[{stats.new_tokens} new tokens in {count(stats.target_calls, 'target call')}, {stop}; {alpha}; "
+        f"{stats.tokens_per_target_call:.2f} tokens/target call]"
+    )
+    print()
+
+
+def print_batch_summary(batches: list[BatchStats], batch_size: int, seconds: float, *, interrupted: bool) -> None:
+    """The stats of all batches of a --prompts-file run: tokens, batched
+    target calls, α over every row, rows still active per step, speed."""
+    rows = [row for batch in batches for row in batch.rows]
+    new_tokens = sum(row.new_tokens for row in rows)
+    target_calls = sum(batch.target_calls for batch in batches)
+    accepted, judged = sum(row.accepted for row in rows), sum(sum(row.reached_at) for row in rows)
+    active = [n for batch in batches for n in batch.active_rows]
+    print_rows([
+        ("prompts", f"{len(rows)} in {len(batches)} {'batch' if len(batches) == 1 else 'batches'} of up to {batch_size}"
+                    + (", interrupted (Ctrl-C)" if interrupted else "")),
+        ("new tokens", f"{new_tokens} in {count(target_calls, 'batched target call')} "
+                       f"({new_tokens / target_calls if target_calls else 0.0:.2f} tokens per target call)"),
+        ("acceptance α", f"{accepted / judged:.3f} over every row ({accepted} of {judged} judged drafts)"
+                         if judged else "n/a: nothing was drafted"),
+        ("rows per step", f"{sum(active) / len(active) if active else 0.0:.2f} still active on average "
+                          "(a finished row leaves its batch)"),
+        ("speed", f"{new_tokens / seconds if seconds > 0 else 0.0:.1f} tokens/s ({seconds:.2f} s)"),
+    ])

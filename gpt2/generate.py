@@ -6,14 +6,20 @@ Legend: B = batch, T = prompt length, n = new tokens, V = vocab size.
 The end-of-text rule, kept everywhere in this project: generation stops right
 after the first `eos_id` it produces, and that EOS token is kept in the output
 as the last token. Nothing follows it.
+
+A batch may hold prompts of different lengths: the KV cache keeps a length per
+row, so each row decodes at its own positions with no padding in attention,
+and a row that has ended leaves the batch (`KVCache.keep_rows`).
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 
 import torch
 
+from .kv_cache import KVCache
 from .model import GPT2
 from .sampling import SamplingConfig, next_token
 
@@ -60,7 +66,9 @@ def check_prompt(input_ids: torch.Tensor, n_ctx: int, vocab_size: int) -> None:
     if input_ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
     T = input_ids.size(1)
-    if T == 0 or input_ids.size(0) == 0:
+    if input_ids.size(0) == 0:
+        raise ValueError("the batch is empty: give at least one prompt")
+    if T == 0:
         raise ValueError("the prompt is empty: give at least one token")
     if T >= n_ctx:
         raise ValueError(
@@ -69,7 +77,97 @@ def check_prompt(input_ids: torch.Tensor, n_ctx: int, vocab_size: int) -> None:
         )
     lo, hi = int(input_ids.min()), int(input_ids.max())
     if lo < 0 or hi >= vocab_size:
-        raise ValueError(f"token ids must lie in [0, {vocab_size}), got ids from {lo} to {hi}")
+        bad_row = int(((input_ids < 0) | (input_ids >= vocab_size)).any(dim=1).nonzero()[0])
+        where = f" (row {bad_row})" if input_ids.size(0) > 1 else ""
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got ids from {lo} to {hi}{where}")
+
+
+def check_prompts(
+    prompts: torch.Tensor | Sequence[Sequence[int]], lengths: torch.Tensor | Sequence[int] | None,
+    n_ctx: int, vocab_size: int,
+) -> list[torch.Tensor]:
+    """The rows of a batch of prompts of any lengths, checked.
+
+    Args:
+        prompts: a list of prompts, each a list (or 1-D tensor) of token ids;
+            or a (B, T) integer tensor, whose row b is padded on the right
+            after its own `lengths[b]` tokens (all T if `lengths` is None).
+        lengths: (B,) the length of each row of a padded tensor, or None.
+        n_ctx, vocab_size: the model's context window and vocabulary.
+
+    Returns:
+        B (T_b,) int64 tensors, 1 <= T_b < n_ctx (room for one new token).
+
+    Raises:
+        ValueError: an empty batch, an empty row, a row that is not integer
+            ids, an id outside [0, vocab_size), a row too long for the
+            context window; the message names the row and how to fix it.
+    """
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() != 2:
+            raise ValueError("a tensor of prompts must be (batch, tokens), e.g. torch.tensor([[15496, 995]])")
+        if prompts.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"prompts must hold integer token ids, got dtype {prompts.dtype}")
+        B, T = prompts.shape
+        if lengths is None:
+            row_lengths = [T] * B
+        else:
+            row_lengths = check_lengths(lengths, B, T)
+        rows = [prompts[b, : row_lengths[b]] for b in range(B)]
+    else:
+        if lengths is not None:
+            raise ValueError("lengths goes with a padded (batch, tokens) tensor; a list of prompts has its own lengths")
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise ValueError(
+                f"prompts must be a list of token-id lists or a (batch, tokens) tensor, got {type(prompts).__name__}"
+            )
+        rows = [prompt_row(row, b) for b, row in enumerate(prompts)]
+    if not rows:
+        raise ValueError("the batch is empty: give at least one prompt")
+    for b, row in enumerate(rows):
+        T_b = row.numel()
+        if T_b == 0:
+            raise ValueError(f"row {b}: the prompt is empty: give every prompt at least one token")
+        if T_b >= n_ctx:
+            raise ValueError(
+                f"row {b}: the prompt has {T_b} tokens but the context window is {n_ctx}: shorten it to at "
+                f"most {n_ctx - 1} tokens so there is room to generate"
+            )
+        lo, hi = int(row.min()), int(row.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"row {b}: token ids must lie in [0, {vocab_size}), got ids from {lo} to {hi}")
+    return [row.to(torch.int64) for row in rows]
+
+
+def prompt_row(row, b: int) -> torch.Tensor:
+    """Row b of a list of prompts (a list, array or 1-D tensor of token ids)
+    as a 1-D integer tensor, possibly empty; or a ValueError naming the row."""
+    bad = ValueError(f"row {b} must be a list of integer token ids, got {row!r:.60}")
+    if isinstance(row, (str, bytes)) or (isinstance(row, Sequence) and any(isinstance(t, bool) for t in row)):
+        raise bad
+    try:
+        tensor = row if isinstance(row, torch.Tensor) else torch.as_tensor(row)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise bad from None
+    if tensor.dim() == 1 and tensor.numel() == 0:
+        return tensor.to(torch.int64)  # empty: check_prompts names it
+    if tensor.dim() != 1 or tensor.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise bad
+    return tensor
+
+
+def check_lengths(lengths, B: int, T: int) -> list[int]:
+    """The B row lengths of a padded (B, T) tensor of prompts as ints in [0, T], or a ValueError."""
+    values = lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths
+    if not isinstance(values, Sequence) or len(values) != B:
+        raise ValueError(f"lengths must give one length per row: {B} integers, got {lengths!r:.60}")
+    checked = []
+    for b, value in enumerate(values):
+        length = check_integer(value, f"lengths[{b}]", 0)
+        if length > T:
+            raise ValueError(f"row {b}: lengths[{b}] = {length} is longer than the padded tensor's {T} tokens")
+        checked.append(length)
+    return checked
 
 
 def check_max_new_tokens(max_new_tokens) -> int:
@@ -100,58 +198,105 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 @torch.inference_mode()
 def generate(
     model: GPT2,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | Sequence[Sequence[int]],
     max_new_tokens: int,
     *,
+    lengths: torch.Tensor | Sequence[int] | None = None,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Generates up to `max_new_tokens` tokens after `input_ids`, one per step.
+) -> torch.Tensor | list[list[int]]:
+    """Generates up to `max_new_tokens` tokens after each prompt, one per step.
 
-    The prompt is prefilled once into a fresh KV cache; each later step feeds
-    only the newest token.
+    The prompts are prefilled once into a fresh KV cache (all but each row's
+    last token); each step then feeds every unfinished row its newest token.
+    A row stops after its own `eos_id`, its budget, or the context window,
+    and leaves the batch: it costs nothing in later steps.
 
     Args:
         model: the GPT-2 to decode with.
-        input_ids: (B, T) prompt token ids on the model's device.
-        max_new_tokens: the most tokens to add.
+        input_ids: the prompts: a (B, T) tensor of token ids (every row T
+            long, or padded on the right: see `lengths`), or a list of B
+            prompts of any lengths, each a list of token ids.
+        max_new_tokens: the most tokens to add to each row.
+        lengths: (B,) each row's own length in a padded (B, T) tensor.
         temperature, top_k, top_p: see `SamplingConfig`; temperature 0 is greedy.
-        eos_id: stop after this token (kept in the output); None: never stop early.
-        generator: randomness for sampling; the same seed reproduces the output.
+        eos_id: a row stops after this token (kept in its output); None: never early.
+        generator: randomness for sampling, one draw per unfinished row per
+            step, in row order; the same seed reproduces the batch.
 
     Returns:
-        (B, T + n) LongTensor, the prompt followed by n <= max_new_tokens new
-        tokens. n is smaller when every row produced `eos_id` (a row that ends
-        before the others is padded with `eos_id`) or when the sequence reached
-        the context window n_ctx.
+        A (B, T) tensor without `lengths` gives what it always gave: a
+        (B, T + n) LongTensor, the prompts followed by n <= max_new_tokens new
+        tokens, where a row that ends before the others is padded with
+        `eos_id` (n is smaller when every row ended, or at the context window).
+        A list of prompts, or a tensor with `lengths`, gives a list of B token
+        lists: each row's own prompt and new tokens, no padding.
 
     Raises:
-        ValueError: a bad prompt or setting (the message says how to fix it).
+        ValueError: a bad prompt or setting (the message names the row and
+            says how to fix it).
     """
     config = SamplingConfig(temperature, top_k, top_p)
     check_model(model)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
-    check_prompt(input_ids, model.config.n_ctx, model.config.vocab_size)
+    as_tensor = isinstance(input_ids, torch.Tensor) and lengths is None
+    if as_tensor:
+        check_prompt(input_ids, model.config.n_ctx, model.config.vocab_size)
+    prompts = check_prompts(input_ids, lengths, model.config.n_ctx, model.config.vocab_size)
     eos_id = check_eos_id(eos_id, model.config.vocab_size)
-    B, T = input_ids.size()
-    n_new = min(max_new_tokens, model.config.n_ctx - T)  # never past the context window
-    if n_new == 0:
-        return input_ids.clone()
+    rows = decode_rows(model, prompts, max_new_tokens, config, eos_id, generator)
+    if not as_tensor:
+        return rows
+    width = max(len(row) for row in rows)  # rows differ only where one ended at eos_id
+    return torch.tensor([row + [eos_id] * (width - len(row)) for row in rows], device=input_ids.device)  # (B, T + n)
 
-    cache = model.new_cache(B)
-    logits = model(input_ids, cache, last_logits_only=True)[:, -1]  # (B, V)
-    out = [input_ids]
-    finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)  # (B,)
-    for step in range(n_new):
-        token = next_token(logits, config, generator)  # (B,)
-        if eos_id is not None:
-            token = torch.where(finished, torch.full_like(token, eos_id), token)
-            finished |= token == eos_id
-        out.append(token[:, None])  # (B, 1)
-        if step == n_new - 1 or (eos_id is not None and bool(finished.all())):
-            break
-        logits = model(token[:, None], cache)[:, -1]  # (B, 1) -> (B, V)
-    return torch.cat(out, dim=1)  # (B, T + n)
+
+def decode_rows(
+    model: GPT2, prompts: list[torch.Tensor], max_new_tokens: int, config: SamplingConfig,
+    eos_id: int | None, generator: torch.Generator | None,
+) -> list[list[int]]:
+    """The loop of `generate` over checked prompts ((T_b,) tensors): each
+    row's prompt and new tokens."""
+    n_ctx = model.config.n_ctx
+    out = [prompt.tolist() for prompt in prompts]
+    max_len = [len(row) + min(max_new_tokens, n_ctx - len(row)) for row in out]  # never past the window
+    rows = [b for b in range(len(out)) if max_len[b] > len(out[b])]  # the unfinished rows, in order
+    if not rows:
+        return out
+
+    cache = model.new_cache(len(rows), capacity=max(max_len[b] for b in rows))
+    prefill_rows(model, cache, [prompts[b][:-1] for b in rows])  # every token but each row's last
+    pending = torch.tensor([out[b][-1] for b in rows], device=model.device)  # (B,) the next token to feed
+    while rows:
+        logits = model(pending[:, None], cache)[:, -1]  # (B, 1) -> (B, V)
+        pending = next_token(logits, config, generator)  # (B,)
+        keep = []
+        for i, (b, token) in enumerate(zip(rows, pending.tolist())):
+            out[b].append(token)
+            if token != eos_id and len(out[b]) < max_len[b]:
+                keep.append(i)
+        if len(keep) < len(rows):  # finished rows leave the batch
+            cache.keep_rows(keep)
+            pending = pending[keep]
+            rows = [rows[i] for i in keep]
+    return out
+
+
+def prefill_rows(model: GPT2, cache: KVCache, prefixes: list[torch.Tensor]) -> None:
+    """Caches row b's `prefixes[b]` ((P_b,) token ids, P_b may be 0) in one
+    forward pass into an empty cache: the rows are padded on the right to the
+    longest, then each is rewound to its own length. Causal attention keeps
+    the padding away from a row's own positions, and the rewind forgets it.
+    """
+    P = [prefix.numel() for prefix in prefixes]
+    assert cache.batch_size == len(P) and int(cache.lengths.max()) == 0, "prefill_rows needs an empty cache"
+    if max(P) == 0:
+        return
+    ids = torch.zeros(len(P), max(P), dtype=torch.long, device=model.device)  # (B, max P), padded with id 0
+    for b, prefix in enumerate(prefixes):
+        ids[b, : P[b]] = prefix
+    model(ids, cache, last_logits_only=True)
+    cache.rewind(torch.tensor(P))

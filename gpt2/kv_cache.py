@@ -11,7 +11,8 @@ it are never read again and the next write overwrites them. That is what makes
 rejecting drafted tokens free in speculative decoding (the idea as in
 gpt-fast). Rows may have different lengths (a batch of prompts of different
 lengths, each accepting its own number of drafted tokens); attention masks the
-slots a row does not have (gpt2/model.py `visible_keys`).
+slots a row does not have (gpt2/model.py `visible_keys`). A row that has
+finished leaves the batch (`keep_rows`), so it costs nothing in later passes.
 """
 
 from __future__ import annotations
@@ -122,3 +123,26 @@ class KVCache:
         self.k[:, row, :, start : start + n] = self.k[:, row, :, index]  # (L, nh, n, hs) gathered
         self.v[:, row, :, start : start + n] = self.v[:, row, :, index]
         self.lengths[row] = start + n
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keeps only `rows`, in that order, as rows 0..n-1: the batch shrinks
+        to n = len(rows), so finished rows cost nothing in later passes.
+
+        In place: each kept row's [0, length) slots move to the front (no new
+        buffers); k and v become views of the first n rows.
+
+        Args:
+            rows: row indices, strictly increasing.
+        """
+        assert all(0 <= a < b for a, b in zip(rows, rows[1:])) and all(0 <= r < self.batch_size for r in rows), (
+            f"rows must be increasing indices in [0, {self.batch_size}), got {rows}"
+        )
+        # Row `new` <= `old`: every row a move overwrites was dropped or has already moved.
+        for new, old in enumerate(rows):
+            n = int(self.lengths[old])
+            if new != old and n:
+                self.k[:, new, :, :n] = self.k[:, old, :, :n]  # (L, nh, n, hs)
+                self.v[:, new, :, :n] = self.v[:, old, :, :n]
+        self.k = self.k[:, : len(rows)]  # (L, n, nh, S, hs): a view of the same buffer
+        self.v = self.v[:, : len(rows)]
+        self.lengths = self.lengths[list(rows)].clone()  # (n,)

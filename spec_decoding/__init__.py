@@ -3,9 +3,11 @@
 (SpecInfer, Miao et al. 2024)."""
 
 from .acceptance import Verdict, residual_distribution, speculative_sampling, speculative_sampling_greedy
+from .batch import batch_speculative_generate
+from .batch_drafters import BatchDraft, BatchDrafter, SimulatedBatchDrafter
 from .drafters import Draft, ModelDrafter, SimulatedDrafter
 from .loop import speculative_generate
-from .stats import SpecStats, expected_tokens_per_step, improvement_factor, predicted_speedup
+from .stats import BatchStats, SpecStats, expected_tokens_per_step, improvement_factor, predicted_speedup
 from .tree import DEFAULT_TREE, TokenTree, TreeShape
 from .tree_acceptance import TreeVerdict, tree_greedy, tree_sampling
 from .tree_drafting import SimulatedTreeDrafter, TreeDraft, TreeDrafter
@@ -13,8 +15,12 @@ from .tree_loop import tree_speculative_generate
 
 __all__ = [
     "DEFAULT_TREE",
+    "BatchDraft",
+    "BatchDrafter",
+    "BatchStats",
     "Draft",
     "ModelDrafter",
+    "SimulatedBatchDrafter",
     "SimulatedDrafter",
     "SimulatedTreeDrafter",
     "SpecStats",
@@ -24,6 +30,7 @@ __all__ = [
     "TreeShape",
     "TreeVerdict",
     "Verdict",
+    "batch_speculative_generate",
     "expected_tokens_per_step",
     "improvement_factor",
     "predicted_speedup",

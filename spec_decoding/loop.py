@@ -17,7 +17,7 @@ up on what it has not seen the next time it drafts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -26,8 +26,9 @@ from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs
 
 from .acceptance import speculative_sampling, speculative_sampling_greedy
+from .batch import batch_speculative_generate
 from .drafters import Draft, ModelDrafter
-from .stats import SpecStats, clock
+from .stats import BatchStats, SpecStats, clock
 from .tree import TreeShape
 from .tree_loop import tree_speculative_generate
 
@@ -36,8 +37,9 @@ from .tree_loop import tree_speculative_generate
 def speculative_generate(
     target: GPT2,
     draft: GPT2 | ModelDrafter,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | Sequence[Sequence[int]],
     *,
+    lengths: torch.Tensor | Sequence[int] | None = None,
     gamma: int | None = None,
     tree: TreeShape | str | None = None,
     max_new_tokens: int,
@@ -45,10 +47,10 @@ def speculative_generate(
     top_k: int | None = None,
     top_p: float | None = None,
     eos_id: int | None = None,
-    generator: torch.Generator | None = None,
-    on_step: Callable[[list[int], int], None] | None = None,
-    stats: SpecStats | None = None,
-) -> tuple[torch.Tensor, SpecStats]:
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    on_step: Callable[..., None] | None = None,
+    stats: SpecStats | BatchStats | None = None,
+) -> tuple[torch.Tensor | list[list[int]], SpecStats | BatchStats]:
     """Generates like `gpt2.generate(target, ...)`, several tokens per target call.
 
     Greedy (temperature 0) output is token-for-token that of greedy decoding of
@@ -59,10 +61,15 @@ def speculative_generate(
     runs past its context window or past the token budget; a sequence longer
     than the draft's window goes on with plain target steps.
 
+    A batch (a list of prompts, a tensor with `lengths`, or B != 1 rows) goes
+    to spec_decoding/batch.py: see `batch_speculative_generate` for what it
+    takes and returns. One (1, T) sequence runs here.
+
     Args:
         target: the large model whose output is reproduced.
         draft: a small GPT-2 (wrapped in a ModelDrafter) or any drafter.
         input_ids: (1, T) prompt token ids on the target's device.
+        lengths: for a batch only: each row's length in a padded tensor.
         gamma: tokens drafted per step, >= 1: a chain.
         tree: a token tree instead of a chain, a TreeShape or text such as
             "3,2,1,1" (tree_loop.py); give gamma or tree, not both.
@@ -83,9 +90,18 @@ def speculative_generate(
 
     Raises:
         ValueError: bad settings, a prompt that does not fit the target's
-            window, batch size > 1, a draft or target of the wrong type, or
-            draft and target with different vocabularies.
+            window, a draft or target of the wrong type, or draft and target
+            with different vocabularies.
     """
+    is_batch = not isinstance(input_ids, torch.Tensor) or lengths is not None
+    if is_batch or (input_ids.dim() == 2 and len(input_ids) != 1):  # a batch of prompts: spec_decoding/batch.py
+        if tree is not None:
+            raise ValueError("token trees decode one sequence at a time: give one prompt, or gamma for a batch")
+        return batch_speculative_generate(
+            target, draft, input_ids, lengths=lengths, gamma=gamma, max_new_tokens=max_new_tokens,
+            temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
+            on_step=on_step, stats=stats,
+        )
     if tree is not None:  # a token tree: tree_loop.py
         if gamma is not None:
             raise ValueError("give gamma (a chain of drafted tokens) or tree (a token tree), not both")
@@ -112,8 +128,6 @@ def speculative_generate(
         )
     check_prompt(input_ids, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
-    if input_ids.size(0) != 1:
-        raise ValueError(f"speculative decoding runs one sequence at a time: got a batch of {input_ids.size(0)}")
 
     device = input_ids.device
     T = input_ids.size(1)

@@ -1,4 +1,5 @@
-"""What a speculative decoding run did, and what theory predicts from it.
+"""What a speculative decoding run did (one sequence: SpecStats; a batch:
+BatchStats), the clock that times it, and what theory predicts from it.
 
 Legend: K = gamma (tokens drafted per step), α = acceptance rate,
 c = t_d / t_t (the cost of a draft step relative to a target step).
@@ -191,3 +192,86 @@ def clock(device: torch.device) -> float:
     elif device.type == "mps":
         torch.mps.synchronize()
     return time.perf_counter()
+
+
+@dataclass
+class BatchStats:
+    """Counters of one batched speculative decoding run (spec_decoding/batch.py):
+    a SpecStats per row, and what the batch as a whole did.
+
+    Attributes:
+        gamma: the requested draft length K.
+        rows: row b's own counters, in input order. Its target_calls are the
+            verification passes it took part in; its draft_seconds and
+            verify_seconds the wall time of those steps (shared with the
+            other rows of the batch).
+        target_calls: batched target forward passes after prefill, one per step.
+        draft_calls: batched draft forward passes after prefill.
+        active_rows: active_rows[s] = rows still in the batch at step s.
+        verified_tokens: tokens the target was fed, summed over steps: each
+            step feeds every active row K + 1 tokens (K the step's longest
+            draft), re-fed committed tokens included.
+        draft_seconds, verify_seconds: wall time drafting, and verifying.
+    """
+
+    gamma: int
+    num_rows: int
+    rows: list[SpecStats] = field(default_factory=list)
+    target_calls: int = 0
+    draft_calls: int = 0
+    active_rows: list[int] = field(default_factory=list)
+    verified_tokens: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            self.rows = [SpecStats(self.gamma) for _ in range(self.num_rows)]
+
+    def record_batch_step(
+        self, active: int, longest_draft: int, draft_calls: int, draft_seconds: float, verify_seconds: float
+    ) -> None:
+        """Counts one step of the batch (the rows count their own part)."""
+        self.target_calls += 1
+        self.draft_calls += draft_calls
+        self.active_rows.append(active)
+        self.verified_tokens += active * (longest_draft + 1)
+        self.draft_seconds += draft_seconds
+        self.verify_seconds += verify_seconds
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(row.new_tokens for row in self.rows)
+
+    @property
+    def accepted(self) -> int:
+        return sum(row.accepted for row in self.rows)
+
+    @property
+    def drafted(self) -> int:
+        return sum(row.drafted for row in self.rows)
+
+    @property
+    def alpha(self) -> float:
+        """α over the batch: accepted / judged, summed over the rows."""
+        judged = sum(sum(row.reached_at) for row in self.rows)
+        return self.accepted / judged if judged else 0.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """New tokens of all rows per batched target forward pass."""
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def mean_active_rows(self) -> float:
+        return sum(self.active_rows) / len(self.active_rows) if self.active_rows else 0.0
+
+    def to_dict(self) -> dict:
+        """The batch's counters and rates, and every row's `SpecStats.to_dict()`, JSON-ready."""
+        d = {name: getattr(self, name) for name in (
+            "gamma", "num_rows", "target_calls", "draft_calls", "active_rows", "verified_tokens",
+            "draft_seconds", "verify_seconds", "new_tokens", "accepted", "drafted", "alpha",
+            "tokens_per_target_call", "mean_active_rows",
+        )}  # fmt: skip
+        d["rows"] = [row.to_dict() for row in self.rows]
+        return d

@@ -192,11 +192,11 @@ def test_help_documents_every_option_and_its_default(tmp_path):
     for option in (
         "--prompt", "--gamma", "--tree", "--tree-nodes", "--tree-depth", "--show-tree", "--max-gen", "--temperature",
         "--top-k", "--top-p", "--seed", "--draft", "--target", "--device", "--dtype", "--quantize", "--weights-dir",
-        "--compare", "--json", "--no-color", "--debug",
+        "--compare", "--json", "--no-color", "--debug", "--prompts-file", "--batch-size",
     ):
         assert option in result.stdout, option
     for default in ("default: 4", "default: 100", "default: gpt2)", "default: gpt2-large", "default: auto",
-                    "default: float32", "default: 0", "default: none"):
+                    "default: float32", "default: 0", "default: none", "default: 8"):
         assert default in " ".join(result.stdout.split()), default
 
 
@@ -697,3 +697,78 @@ def test_no_network_and_no_local_copy_fails_at_once_in_one_line(tmp_path):
     assert "connect to the internet once, or put config.json and model.safetensors" in result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert "Retrying" not in result.stderr
+
+
+# ---------------------------------------------------------------------------
+# --prompts-file: a batch of prompts, one block (or JSON object) per prompt
+# ---------------------------------------------------------------------------
+
+FILE_PROMPTS = ["Hello world", "Once upon a time, in a land far away", "The"]
+
+
+def single_json(capsys, folders, prompt: str, *args: str) -> dict:
+    """The --json result of `prompt` decoded alone with --prompt."""
+    result = run_main(capsys, *local_models(folders), "--json", "-p", prompt, *args)
+    assert_ok(result)
+    return json.loads(result.stdout)
+
+
+def test_a_prompts_file_gives_one_block_per_prompt_in_input_order(tmp_path, capsys, folders, single_thread):
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(FILE_PROMPTS) + "\n", encoding="utf-8")
+    result = run_main(capsys, *local_models(folders), "--prompts-file", str(path), "--batch-size", "2")
+    assert_ok(result)
+    out = result.stdout
+    starts = [out.index(f"=== prompt {i + 1} of 3 (line {i + 1}) ===\n{p}") for i, p in enumerate(FILE_PROMPTS)]
+    assert starts == sorted(starts), "blocks in input order"
+    for prompt in FILE_PROMPTS:  # greedy: each block's text is the prompt's own decoding alone
+        assert f"\n{prompt}{single_json(capsys, folders, prompt)['text']}\n" in out
+    assert len(re.findall(r"\[20 new tokens in \d+ target calls?, stopped at --max-gen; α \d\.\d{3}", out)) == 3
+    assert re.search(r"prompts\s+3 in 2 batches of up to 2", out) and "rows per step" in out
+
+
+def test_jsonl_and_json_give_one_object_per_prompt_whatever_the_batch_size(tmp_path, capsys, folders, single_thread):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n" for i, p in enumerate(FILE_PROMPTS)))
+    sampling = ["--temperature", "1", "--seed", "7"]
+    runs = {}
+    for batch_size in ("1", "3"):
+        result = run_main(capsys, *local_models(folders), "--json", "--prompts-file", str(path),
+                          "--batch-size", batch_size, *sampling)
+        assert_ok(result)
+        runs[batch_size] = [json.loads(line) for line in result.stdout.splitlines()]
+    objects = runs["3"]
+    assert [o["prompt"] for o in objects] == FILE_PROMPTS and [o["line"] for o in objects] == [1, 2, 3]
+    for i, o in enumerate(objects):
+        assert o["stats"]["new_tokens"] == len(o["token_ids"]) == 20 and 0.0 <= o["stats"]["alpha"] <= 1.0
+        assert o["settings"]["seed"] == 7 + i and o["batch"]["num_rows"] == 3 and o["batch"]["active_rows"]
+        # prompt i samples with seed 7 + i, as --prompt with --seed 7 + i would
+        alone = single_json(capsys, folders, FILE_PROMPTS[i], "--temperature", "1", "--seed", str(7 + i))
+        assert o["token_ids"] == alone["token_ids"]
+    assert [o["token_ids"] for o in runs["1"]] == [o["token_ids"] for o in objects], "the batch size changes nothing"
+
+
+@pytest.mark.parametrize(
+    "content, args, message",
+    [
+        ("", [], "is empty: write one prompt per line"),
+        ("Hello\n\nworld\n", [], "line 2 of {path} is empty"),
+        ("Hello\n" + "hello " * 200 + "\n", [], "line 2 of {path}: the prompt has 201 tokens but the context window"),
+        ('{"prompt": "Hello"}\n{"text": "world"}\n', [], 'line 2 of {path} has no "prompt" text'),
+        ('{"prompt": "Hello"}\n{"prompt": \n', [], "line 2 of {path} is not JSON"),
+        ("Hello\n", ["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
+        ("Hello\n", ["-p", "Hi"], "give --prompt or --prompts-file, not both"),
+        ("Hello\n", ["--compare"], "--compare works with one --prompt"),
+    ],
+    ids=["empty-file", "empty-line", "line-too-long", "jsonl-no-prompt", "jsonl-broken", "batch-size-0",
+         "prompt-and-file", "compare"],
+)
+def test_bad_prompts_files(tmp_path, capsys, folders, single_thread, content, args, message):
+    path = tmp_path / "prompts.txt"
+    path.write_text(content, encoding="utf-8")
+    result = run_main(capsys, *local_models(folders), "--prompts-file", str(path), *args)
+    assert_bad_input(result, message.format(path=path))
+
+
+def test_a_missing_prompts_file(tmp_path, capsys):
+    assert_bad_input(run_main(capsys, "--prompts-file", str(tmp_path / "nope.txt")), "nope.txt: no such file")

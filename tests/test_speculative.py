@@ -353,7 +353,6 @@ BAD_CALLS = {
     "target a string": ({"target": "gpt2-large"}, "the target must be a loaded GPT2 model"),
     "negative budget": ({"max_new_tokens": -1}, "max_new_tokens must be an integer >= 0"),
     "negative temperature": ({"temperature": -1.0}, "temperature must be a number >= 0"),
-    "batch of 2": ({"input_ids": torch.tensor([[1, 2], [3, 4]])}, "one sequence at a time"),
     "empty prompt": ({"input_ids": torch.zeros(1, 0, dtype=torch.long)}, "the prompt is empty"),
     "prompt too long": ({"input_ids": torch.zeros(1, 64, dtype=torch.long)}, "shorten it to at most 63 tokens"),
     "token out of vocabulary": ({"input_ids": torch.tensor([[1, 64]])}, r"token ids must lie in \[0, 64\)"),

@@ -99,6 +99,14 @@ def kernel_readable(tensor: torch.Tensor) -> bool:
     return tensor.is_cpu and tensor.dtype == torch.float32 and tensor.is_contiguous()
 
 
+def cache_readable(buffer: torch.Tensor) -> bool:
+    """A KV cache buffer (L, B, nh, S, hs) the kernels can read: CPU float32
+    with each position's hs values contiguous. Layers, rows and heads may
+    have any strides (a batch that `KVCache.keep_rows` shrank is a view)."""
+    is_float32 = buffer.is_cpu and buffer.dtype == torch.float32
+    return is_float32 and buffer.stride(4) == 1 and buffer.stride(3) == buffer.size(4)
+
+
 class FastGPT2:
     """The C forward pass of one model (see the module docstring)."""
 
@@ -176,7 +184,9 @@ class FastGPT2:
         kernels take, and a mask only over at most MAX_NEW_TOKENS tokens."""
         if not (x.is_cpu and x.dtype == torch.float32):
             return False
-        if cache is not None and not (kernel_readable(cache.k) and kernel_readable(cache.v)):
+        if cache is not None and not (
+            cache_readable(cache.k) and cache_readable(cache.v) and cache.k.stride() == cache.v.stride()
+        ):
             return False
         B, T, C = x.shape
         if C % 8 or (C // model.config.n_head) % 8 or (mask is not None and T > MAX_NEW_TOKENS):

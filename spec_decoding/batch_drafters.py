@@ -1,0 +1,185 @@
+"""Drafters for a batch: the draft model proposes for every unfinished row at
+once, one forward pass per draft position.
+
+Legend: B = rows, S_b = row b's committed length, K_b = tokens drafted for
+row b this step, K = max_b K_b, W = tokens fed per row, V = vocab size.
+
+Cache invariant, per row as ModelDrafter's: row b holds a prefix of its
+committed tokens and lacks one or two of them between steps. A pass feeds
+every row the same number of tokens, so a row that needs fewer re-feeds what
+it already holds: catching up, its last cached committed token (when another
+row lacks two); done drafting (K_b < K), its last token in place. No row ever
+feeds a position past its own draft, so never past the draft's window. A row
+with K_b = 0 finishes this step or has outgrown the draft's window for good.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gpt2.generate import prefill_rows
+from gpt2.model import GPT2
+from gpt2.sampling import SamplingConfig, logits_to_probs, sample
+
+
+@dataclass
+class BatchDraft:
+    """The tokens drafted for each row of a batch in one step.
+
+    Attributes:
+        tokens: (B, K) LongTensor; row b's drafts are tokens[b, :num_drafted[b]]
+            (the rest is filler).
+        probs: (B, K, V) float32 draft distributions the tokens were sampled
+            from (rows past num_drafted[b] are zero); None when greedy.
+        num_drafted: K_b for each row.
+        forward_calls: batched draft forward passes this proposal took (K).
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None
+    num_drafted: list[int]
+    forward_calls: int
+
+
+class BatchDrafter:
+    """Drafts for a batch with a (small) GPT-2: one forward pass per draft
+    position for all rows together."""
+
+    def __init__(self, model: GPT2) -> None:
+        self.model = model
+        self.cache = model.new_cache(1)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.config.n_ctx
+
+    def max_draft(self, seq_len: int) -> int:
+        """The most tokens it can draft after `seq_len` tokens without feeding
+        a position past its window (as ModelDrafter.max_draft)."""
+        return max(0, self.n_ctx - seq_len + 1)
+
+    def prefill(self, prompts: list[torch.Tensor], capacity: int) -> None:
+        """Starts a new batch: caches every prompt ((T_b,) tokens) but its
+        last token, in one pass. A prompt its window cannot hold is not
+        cached: that row can never draft (`max_draft` is 0).
+
+        Args:
+            prompts: the rows' prompts.
+            capacity: the most positions a row will hold (clipped to n_ctx).
+        """
+        self.cache = self.model.new_cache(len(prompts), capacity=min(capacity, self.n_ctx))
+        prefixes = [p[:-1] if p.numel() - 1 < self.n_ctx else p[:0] for p in prompts]
+        prefill_rows(self.model, self.cache, prefixes)
+
+    def propose(
+        self,
+        seqs: torch.Tensor,
+        seq_lens: list[int],
+        num_drafts: list[int],
+        sampling: SamplingConfig,
+        generators: list[torch.Generator | None],
+        row_ids: list[int],
+    ) -> BatchDraft:
+        """Drafts num_drafts[b] tokens after row b's committed tokens.
+
+        Args:
+            seqs: (B, L) committed tokens; row b's are seqs[b, :seq_lens[b]].
+            seq_lens: S_b for each row.
+            num_drafts: K_b for each row, each <= max_draft(S_b).
+            sampling: the one sampling filter.
+            generators: the randomness of each row (the same object for
+                rows that share one); within a pass rows draw in batch order.
+            row_ids: each row's index in the caller's input (for `pick`).
+
+        Returns:
+            The BatchDraft; K = max(num_drafts) forward passes.
+        """
+        B, K = len(seq_lens), max(num_drafts)
+        V = self.vocab_size
+        tokens = seqs.new_zeros(B, K)  # (B, K)
+        probs = None if sampling.greedy else torch.zeros(B, K, V, device=seqs.device)  # (B, K, V)
+        if K == 0:
+            return BatchDraft(tokens, probs, list(num_drafts), 0)
+
+        # Catch up: row b feeds its committed tokens [start_b, S_b); W is the most any drafting row lacks.
+        cached = self.cache.lengths.tolist()
+        drafting = [k > 0 for k in num_drafts]
+        W = max(S - c for S, c, d in zip(seq_lens, cached, drafting) if d)
+        starts = [S - W if d else 0 for S, d in zip(seq_lens, drafting)]  # K_b = 0: re-feed the first W tokens
+        assert all(0 <= s <= c for s, c in zip(starts, cached)), (starts, cached)
+        assert all(S >= W for S in seq_lens), "every row holds at least W committed tokens"
+        self.cache.rewind(torch.tensor(starts))
+        index = torch.tensor(starts, device=seqs.device)[:, None] + torch.arange(W, device=seqs.device)  # (B, W)
+        feed = seqs.gather(1, index)  # (B, W)
+
+        for i in range(K):
+            logits = self.model(feed, self.cache, last_logits_only=True)[:, -1]  # (B, W) -> (B, V)
+            for b in range(B):
+                if i < num_drafts[b]:
+                    token, p = self.pick(row_ids[b], seq_lens[b] + i, logits[b], sampling, generators[b])
+                    tokens[b, i] = token
+                    if p is not None:
+                        probs[b, i] = p
+            if i + 1 < K:
+                # Rows still drafting feed their new token; the others re-feed their last one in place.
+                goes_on = torch.tensor([i + 1 < k for k in num_drafts])  # (B,)
+                feed = torch.where(goes_on.to(seqs.device), tokens[:, i], feed[:, -1])[:, None]  # (B, 1)
+                self.cache.rewind(self.cache.lengths - (~goes_on).long())
+        return BatchDraft(tokens, probs, list(num_drafts), K)
+
+    def pick(
+        self, row: int, position: int, logits: torch.Tensor, sampling: SamplingConfig,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafted token for sequence position `position` of input row
+        `row` from the draft's (V,) logits, and the distribution it was drawn
+        from (None if greedy)."""
+        if sampling.greedy:
+            return logits.argmax(), None
+        p = logits_to_probs(logits, sampling)  # (V,)
+        return sample(p, generator), p
+
+    def commit(self, valid: list[int]) -> None:
+        """Keeps each row's cached positions [0, valid[b]) whose tokens were committed."""
+        self.cache.rewind(torch.minimum(self.cache.lengths, torch.tensor(valid)))
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Drops the finished rows: only `rows` (increasing) stay, in order."""
+        self.cache.keep_rows(rows)
+
+
+class SimulatedBatchDrafter(BatchDrafter):
+    """A batch drafter with a chosen acceptance rate, for benchmarks (the
+    batch form of `SimulatedDrafter`): it runs the draft model exactly as
+    BatchDrafter does, but proposes for each row the target's own greedy
+    token with probability `alpha` and a wrong token otherwise.
+
+    `references[b]` is row b's greedy decoding by the target alone (prompt
+    included), which greedy speculative decoding reproduces. Greedy only.
+    The coins come from its own generator, drawn in batch order.
+    """
+
+    def __init__(self, model: GPT2, references: list[list[int]], alpha: float, *, seed: int = 0) -> None:
+        super().__init__(model)
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"the simulated acceptance rate must lie in [0, 1], got {alpha}")
+        self.references = [list(map(int, reference)) for reference in references]
+        self.alpha = alpha
+        self.coins = torch.Generator().manual_seed(seed)
+
+    def pick(
+        self, row: int, position: int, logits: torch.Tensor, sampling: SamplingConfig,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not sampling.greedy:
+            raise ValueError("simulated acceptance works with greedy decoding only (temperature 0)")
+        reference = self.references[row]
+        right = reference[position] if position < len(reference) else 0
+        token = right if torch.rand((), generator=self.coins) < self.alpha else (right + 1) % self.vocab_size
+        return torch.tensor(token, device=logits.device), None

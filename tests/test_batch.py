@@ -1,0 +1,397 @@
+"""Batches of prompts of different lengths: the model and cache per row,
+batched `gpt2.generate`, and batched speculative decoding (spec_decoding/batch.py).
+
+The central property, as for one sequence: every row of a batch decodes
+exactly as that row would alone. Greedy rows are compared token for token
+with single-sequence greedy decoding; with one generator per row, sampled
+rows are compared token for token with single-sequence sampling runs. The
+distribution of sampled rows is checked in test_batch_lossless.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt2 import GPT2Config, fast, generate
+from spec_decoding import BatchStats, SimulatedBatchDrafter, SpecStats, speculative_generate
+from helpers import perturbed_copy, tiny_gpt2
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=64)
+DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=64)
+# A vocabulary of 8 tokens: greedy decoding soon emits any chosen end-of-text id.
+SMALL_VOCAB = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=8)
+PERTURBATION = 0.04  # as test_speculative.py: alpha ~ 0.35-0.8
+
+# Mixed lengths: 1 token, a few, and 2 short of the context window (room for 2 new tokens).
+PROMPTS = [[5, 9, 2, 7], [11], [(3 * i) % 64 for i in range(CONFIG.n_ctx - 2)], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
+NEW_TOKENS = 30
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_gpt2(CONFIG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def drafts(target):
+    return {
+        "self": target,
+        "unrelated": tiny_gpt2(DRAFT_CONFIG, seed=1),
+        "perturbed": perturbed_copy(target, scale=PERTURBATION, seed=2),
+    }
+
+
+@pytest.fixture(scope="module")
+def fast_pair(fast_kernels):
+    """A target and a perturbed draft of their own, on the C fast path."""
+    target = fast.accelerate(tiny_gpt2(CONFIG, seed=0))
+    draft = fast.accelerate(perturbed_copy(target, scale=PERTURBATION, seed=2))
+    assert target.accelerator is not None and draft.accelerator is not None, fast.status(target)
+    return target, draft
+
+
+def alone(model, prompt: list[int], max_new_tokens: int, **kwargs) -> list[int]:
+    """Single-sequence decoding of one prompt (today's (1, T) path)."""
+    return generate(model, torch.tensor([prompt]), max_new_tokens, **kwargs)[0].tolist()
+
+
+def spec_alone(target, draft, prompt: list[int], **kwargs) -> list[int]:
+    return speculative_generate(target, draft, torch.tensor([prompt]), **kwargs)[0][0].tolist()
+
+
+class BatchSizes:
+    """Records the batch size of every forward pass of a model (a pre-hook)."""
+
+    def __init__(self, model) -> None:
+        self.model, self.sizes = model, []
+
+    def __enter__(self):
+        self.handle = self.model.register_forward_pre_hook(lambda m, args: self.sizes.append(args[0].size(0)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+
+# ---------------------------------------------------------------------------
+# The model and the cache: each row of a batched pass is that row alone
+# ---------------------------------------------------------------------------
+
+
+def batched_then_alone(model, lengths: list[int], new: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For rows with `lengths[b]` cached tokens (prefilled together, padded,
+    then rewound), `new` more tokens per row in one batched pass; and the
+    same row prefilled and continued alone. Returns (batched, alone) logits per row."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, CONFIG.vocab_size, (n + new,), generator=g) for n in lengths]
+    cache = model.new_cache(len(lengths))
+    padded = torch.zeros(len(lengths), max(lengths), dtype=torch.long)  # (B, max length)
+    for b, n in enumerate(lengths):
+        padded[b, :n] = seqs[b][:n]
+    model(padded, cache, last_logits_only=True)
+    cache.rewind(torch.tensor(lengths))
+    batched = model(torch.stack([s[n:] for s, n in zip(seqs, lengths)]), cache)  # (B, new, V)
+    assert cache.lengths.tolist() == [n + new for n in lengths]
+    pairs = []
+    for b, n in enumerate(lengths):
+        own = model.new_cache(1)
+        model(seqs[b][None, :n], own)
+        pairs.append((batched[b], model(seqs[b][None, n:], own)[0]))
+    return pairs
+
+
+@torch.inference_mode()
+def test_each_row_of_a_batched_pass_is_that_row_alone(target):
+    # Rows of 1, 7 and 58 cached positions, 5 new tokens each (a verification pass).
+    for got, expected in batched_then_alone(target, [1, 7, 58], new=5, seed=0):
+        assert (got - expected).abs().max() <= 1e-4
+
+
+@torch.inference_mode()
+def test_each_row_of_a_batched_pass_is_bit_identical_to_that_row_alone_on_the_fast_path(fast_pair):
+    model, _ = fast_pair
+    for got, expected in batched_then_alone(model, [1, 7, 58], new=5, seed=0):
+        assert torch.equal(got, expected)
+
+
+def test_a_batched_cache_starts_at_zero_so_masked_slots_hold_no_nan(target):
+    cache = target.new_cache(3)
+    assert cache.k.abs().sum() == 0 and cache.v.abs().sum() == 0
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("path", ["readable", "fast"])
+def test_keep_rows_drops_rows_and_the_others_go_on_unchanged(target, path, request):
+    model = request.getfixturevalue("fast_pair")[0] if path == "fast" else target
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, 64, (n,), generator=g) for n in (9, 3, 14, 6)]
+    cache = model.new_cache(4)
+    padded = torch.zeros(4, 14, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        padded[b, : len(s) - 2] = s[:-2]
+    model(padded, cache, last_logits_only=True)
+    cache.rewind(torch.tensor([len(s) - 2 for s in seqs]))
+    buffer = cache.k.data_ptr()
+
+    cache.keep_rows([1, 3])  # rows 1 and 3 go on, as rows 0 and 1
+    assert cache.batch_size == 2 and cache.lengths.tolist() == [1, 4]
+    assert cache.k.data_ptr() == buffer, "no new buffers: the kept rows move to the front"
+    if path == "fast":  # the compacted cache is a view the C path still takes
+        x = torch.zeros(2, 2, CONFIG.n_embd)
+        assert model.accelerator.takes(model, x, cache, None)
+    got = model(torch.stack([seqs[1][-2:], seqs[3][-2:]]), cache)  # (2, 2, V)
+    for row, s in zip(got, (seqs[1], seqs[3])):
+        expected = model(s[None])[0, -2:]  # the whole row alone, without a cache
+        assert (row - expected).abs().max() <= 1e-4
+
+
+def test_keep_rows_checks_its_rows(target):
+    cache = target.new_cache(3)
+    with pytest.raises(AssertionError, match="increasing"):
+        cache.keep_rows([2, 0])
+
+
+# ---------------------------------------------------------------------------
+# gpt2.generate with a batch of prompts of different lengths
+# ---------------------------------------------------------------------------
+
+
+def test_batched_generate_gives_each_row_its_own_greedy_decoding(target):
+    rows = generate(target, PROMPTS, NEW_TOKENS)
+    assert isinstance(rows, list) and len(rows) == len(PROMPTS)
+    for prompt, row in zip(PROMPTS, rows):
+        assert row == alone(target, prompt, NEW_TOKENS)
+    assert len(rows[2]) == CONFIG.n_ctx, "the row near the window stops there; the others go on"
+    assert [len(r) for r in rows] == [len(p) + NEW_TOKENS for p in PROMPTS[:2]] + [CONFIG.n_ctx, 10 + NEW_TOKENS]
+
+
+def test_a_padded_tensor_with_lengths_is_the_same_batch_as_a_list(target):
+    lengths = [len(p) for p in PROMPTS]
+    padded = torch.full((len(PROMPTS), max(lengths)), 63)  # (B, T), padded with any id
+    for b, p in enumerate(PROMPTS):
+        padded[b, : len(p)] = torch.tensor(p)
+    assert generate(target, padded, 12, lengths=torch.tensor(lengths)) == generate(target, PROMPTS, 12)
+
+
+def test_finished_rows_leave_the_batch_of_generate():
+    model = tiny_gpt2(SMALL_VOCAB, seed=5)
+    prompts = [[1, 2], [3], [4, 5, 6]]
+    free = generate(model, prompts, 20)
+    eos_id, ends = eos_with_different_end_times(free, prompts)
+    with BatchSizes(model) as calls:
+        rows = generate(model, prompts, 20, eos_id=eos_id)
+    for prompt, row in zip(prompts, rows):
+        assert row == alone(model, prompt, 20, eos_id=eos_id)
+    assert calls.sizes == sorted(calls.sizes, reverse=True) and calls.sizes[-1] == 1, "the batch shrinks"
+    # One forward per step; a row takes part until its last token is chosen.
+    steps = max(len(r) - len(p) for r, p in zip(rows, prompts))
+    assert calls.sizes[1:] == [sum(len(r) - len(p) > s for r, p in zip(rows, prompts)) for s in range(steps)]
+
+
+def eos_with_different_end_times(free: list[list[int]], prompts: list[list[int]]) -> tuple[int, list[int | None]]:
+    """A token that ends the rows of `free` (greedy, never stopped) at
+    different steps, at least one of them early; and each row's end step."""
+    for eos_id in range(8):
+        ends = []
+        for row, prompt in zip(free, prompts):
+            new = row[len(prompt) :]
+            ends.append(new.index(eos_id) if eos_id in new else None)
+        early = [e for e in ends if e is not None]
+        if early and len(set(ends)) == len(ends) and min(early) >= 1:
+            return eos_id, ends
+    raise AssertionError("no token ends the rows at different times: change the seed")
+
+
+def test_sampled_generate_reproduces_with_a_seed(target):
+    def run(seed):
+        return generate(target, PROMPTS, 15, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+
+    assert run(3) == run(3) != run(4)
+
+
+# ---------------------------------------------------------------------------
+# Batched speculative decoding, greedy: each row is its own greedy decoding
+# ---------------------------------------------------------------------------
+
+
+def check_row_stats(row: SpecStats, out: list[int], prompt: list[int]) -> None:
+    assert row.new_tokens == len(out) - len(prompt) == row.accepted + row.target_tokens
+    assert row.target_calls == sum(row.accepted_hist)
+    assert row.accepted == sum(n * steps for n, steps in enumerate(row.accepted_hist))
+    assert row.accepted_at == [sum(row.accepted_hist[i + 1 :]) for i in range(row.gamma)]
+    assert row.draft_calls == row.drafted <= row.gamma * row.target_calls
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+@pytest.mark.parametrize("draft_name", ["self", "unrelated", "perturbed"])
+def test_greedy_rows_equal_their_own_greedy_decoding(target, drafts, draft_name, gamma):
+    rows, stats = speculative_generate(target, drafts[draft_name], PROMPTS, gamma=gamma, max_new_tokens=NEW_TOKENS)
+    for prompt, row, row_stats in zip(PROMPTS, rows, stats.rows):
+        assert row == alone(target, prompt, NEW_TOKENS)
+        check_row_stats(row_stats, row, prompt)
+    assert isinstance(stats, BatchStats) and stats.new_tokens == sum(len(r) - len(p) for r, p in zip(rows, PROMPTS))
+    assert stats.target_calls == len(stats.active_rows) == max(r.target_calls for r in stats.rows)
+    assert stats.active_rows[0] == len(PROMPTS) and stats.active_rows[-1] >= 1
+    assert stats.active_rows == sorted(stats.active_rows, reverse=True)
+    assert stats.tokens_per_target_call == stats.new_tokens / stats.target_calls
+    if draft_name == "self":
+        assert stats.alpha == 1.0
+    elif draft_name == "perturbed":
+        assert 0.0 < stats.alpha < 1.0
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_rows_ending_at_different_times_end_as_they_would_alone(gamma):
+    target = tiny_gpt2(SMALL_VOCAB, seed=5)
+    draft = perturbed_copy(target, scale=0.1, seed=6)
+    prompts = [[1, 2], [3], [4, 5, 6]]
+    eos_id, ends = eos_with_different_end_times(generate(target, prompts, 20), prompts)
+    with BatchSizes(target) as calls:
+        rows, stats = speculative_generate(target, draft, prompts, gamma=gamma, max_new_tokens=20, eos_id=eos_id)
+    for prompt, row, end, row_stats in zip(prompts, rows, ends, stats.rows):
+        assert row == alone(target, prompt, 20, eos_id=eos_id)
+        if end is not None:
+            assert len(row) == len(prompt) + end + 1 and row[-1] == eos_id and row_stats.stopped_at_eos
+            assert eos_id not in row[len(prompt) : -1], "nothing follows end-of-text"
+        check_row_stats(row_stats, row, prompt)
+    # A finished row leaves the batch: the verification passes shrink with it.
+    assert calls.sizes[1:] == stats.active_rows and stats.active_rows[-1] < len(prompts)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_batch_of_one_is_todays_single_sequence_path(target, drafts, temperature):
+    kwargs = dict(gamma=3, max_new_tokens=NEW_TOKENS, temperature=temperature)
+    for prompt in PROMPTS:
+        rows, batch_stats = speculative_generate(
+            target, drafts["perturbed"], [prompt], generator=torch.Generator().manual_seed(7), **kwargs
+        )
+        out, stats = speculative_generate(
+            target, drafts["perturbed"], torch.tensor([prompt]), generator=torch.Generator().manual_seed(7), **kwargs
+        )
+        assert rows == out.tolist()
+        assert batch_stats.rows[0].accepted_hist == stats.accepted_hist
+
+
+def test_the_order_of_the_rows_does_not_matter(target, drafts):
+    order = [2, 0, 3, 1]
+    rows, _ = speculative_generate(target, drafts["perturbed"], PROMPTS, gamma=4, max_new_tokens=NEW_TOKENS)
+    shuffled, _ = speculative_generate(
+        target, drafts["perturbed"], [PROMPTS[i] for i in order], gamma=4, max_new_tokens=NEW_TOKENS
+    )
+    assert shuffled == [rows[i] for i in order]
+
+
+def test_a_tensor_without_lengths_gives_a_tensor_padded_with_eos(target, drafts):
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    expected = generate(target, ids, 10)
+    out, stats = speculative_generate(target, drafts["perturbed"], ids, gamma=3, max_new_tokens=10)
+    assert torch.equal(out, expected) and isinstance(stats, BatchStats)
+    eos_id = expected[0, 5].item()  # row 0 ends at its 3rd new token
+    out, _ = speculative_generate(target, drafts["perturbed"], ids, gamma=3, max_new_tokens=10, eos_id=eos_id)
+    assert torch.equal(out, generate(target, ids, 10, eos_id=eos_id))
+
+
+def test_a_draft_with_a_shorter_window_drafts_while_it_can(target):
+    # Draft window 24 < 64: rows that outgrow it go on with plain target steps.
+    short = tiny_gpt2(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=24, vocab_size=64), seed=0)
+    weights = target.state_dict()
+    weights["wpe.weight"] = weights["wpe.weight"][:24]
+    short.load_state_dict(weights)
+    prompts = [[1, 2, 3], [4] * 30, [7] * 22]  # row 1 never fits the draft; row 2 soon outgrows it
+    rows, stats = speculative_generate(target, short, prompts, gamma=3, max_new_tokens=40)
+    for prompt, row in zip(prompts, rows):
+        assert row == alone(target, prompt, 40)
+    assert stats.rows[1].drafted == 0 and stats.rows[1].plain_steps == stats.rows[1].target_calls
+    assert stats.rows[0].accepted > 0 and stats.rows[2].plain_steps > 0
+
+
+def test_simulated_batch_drafter_keeps_the_output_and_sets_alpha(target, drafts):
+    references = generate(target, PROMPTS, NEW_TOKENS)
+    for alpha in (0.0, 0.6, 1.0):
+        drafter = SimulatedBatchDrafter(drafts["unrelated"], references, alpha, seed=0)
+        rows, stats = speculative_generate(target, drafter, PROMPTS, gamma=4, max_new_tokens=NEW_TOKENS)
+        assert rows == references
+        assert stats.alpha == alpha if alpha in (0.0, 1.0) else 0.3 < stats.alpha < 0.9
+
+
+# ---------------------------------------------------------------------------
+# Sampling: seeds reproduce the batch; per-row generators reproduce single runs
+# ---------------------------------------------------------------------------
+
+
+def test_one_generator_reproduces_the_batch(target, drafts):
+    def run(seed):
+        return speculative_generate(
+            target, drafts["perturbed"], PROMPTS, gamma=3, max_new_tokens=NEW_TOKENS, temperature=1.0,
+            top_k=20, generator=torch.Generator().manual_seed(seed),
+        )[0]
+
+    assert run(1) == run(1) != run(2)
+
+
+@pytest.mark.parametrize("path", ["readable", "fast"])
+def test_with_a_generator_per_row_each_row_is_its_own_sampling_run(target, drafts, path, request):
+    model, draft = request.getfixturevalue("fast_pair") if path == "fast" else (target, drafts["perturbed"])
+    eos_id = 9
+    rows, _ = speculative_generate(
+        model, draft, PROMPTS, gamma=3, max_new_tokens=NEW_TOKENS, temperature=1.0, eos_id=eos_id,
+        generator=[torch.Generator().manual_seed(100 + b) for b in range(len(PROMPTS))],
+    )
+    for b, (prompt, row) in enumerate(zip(PROMPTS, rows)):
+        expected = spec_alone(
+            model, draft, prompt, gamma=3, max_new_tokens=NEW_TOKENS, temperature=1.0, eos_id=eos_id,
+            generator=torch.Generator().manual_seed(100 + b),
+        )
+        assert row == expected
+
+
+def test_greedy_batches_are_bit_identical_to_greedy_decoding_on_the_fast_path(fast_pair):
+    target, draft = fast_pair
+    rows, stats = speculative_generate(target, draft, PROMPTS, gamma=4, max_new_tokens=NEW_TOKENS)
+    assert rows == generate(target, PROMPTS, NEW_TOKENS) == [alone(target, p, NEW_TOKENS) for p in PROMPTS]
+    assert 0.0 < stats.alpha < 1.0
+
+
+# ---------------------------------------------------------------------------
+# Bad input: a ValueError that names the row, before any work
+# ---------------------------------------------------------------------------
+
+BAD_BATCHES = {
+    "empty batch": ([], None, "the batch is empty"),
+    "empty tensor batch": (torch.zeros(0, 3, dtype=torch.long), None, "the batch is empty"),
+    "empty row": ([[1, 2], []], None, "row 1: the prompt is empty"),
+    "empty row by length": (torch.tensor([[1, 2], [3, 4]]), [2, 0], "row 1: the prompt is empty"),
+    "id past the vocabulary": ([[1], [2, 64]], None, r"row 1: token ids must lie in \[0, 64\)"),
+    "negative id": ([[-1, 2], [3]], None, r"row 0: token ids must lie in \[0, 64\)"),
+    "row too long": ([[1], [2] * 64], None, "row 1: the prompt has 64 tokens .* at most 63 tokens"),
+    "not integers": ([[1.5, 2.0]], None, "row 0 must be a list of integer token ids"),
+    "a string": (["hello"], None, "row 0 must be a list of integer token ids"),
+    "lengths for a list": ([[1, 2]], [2], "lengths goes with a padded"),
+    "lengths too long": (torch.tensor([[1, 2]]), [3], r"row 0: lengths\[0\] = 3 is longer"),
+    "lengths miscounted": (torch.tensor([[1, 2], [3, 4]]), [2], "one length per row: 2 integers"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_BATCHES)
+def test_bad_batches_raise_a_value_error_naming_the_row(target, drafts, case):
+    prompts, lengths, message = BAD_BATCHES[case]
+    with BatchSizes(target) as calls, pytest.raises(ValueError, match=message):
+        speculative_generate(target, drafts["perturbed"], prompts, lengths=lengths, gamma=3, max_new_tokens=5)
+    with pytest.raises(ValueError, match=message):
+        generate(target, prompts, 5, lengths=lengths)
+    assert calls.sizes == []
+
+
+def test_bad_batch_settings_raise_a_value_error(target, drafts):
+    kwargs = dict(gamma=2, max_new_tokens=4)
+    with pytest.raises(ValueError, match="a list of 2 generators"):
+        speculative_generate(target, target, [[1], [2]], generator=[torch.Generator()], **kwargs)
+    with pytest.raises(ValueError, match=r"fresh BatchStats\(gamma=2, num_rows=2\)"):
+        speculative_generate(target, target, [[1], [2]], stats=SpecStats(2), **kwargs)
+    with pytest.raises(ValueError, match="for a batch the draft must be a loaded GPT2 model or a BatchDrafter"):
+        speculative_generate(target, "gpt2", [[1], [2]], **kwargs)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 64\), got ids from 1 to 64 \(row 1\)"):
+        generate(target, torch.tensor([[1, 2], [3, 64]]), 4)
