@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -87,8 +88,6 @@ def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = 
     """Times t_d and t_v(k), k = 1 .. max_tokens, now: in `rounds` rounds that
     each time one pass of every kind (so a slow phase of a shared machine hits
     every kind alike), after one untimed warm-up round. Medians over rounds."""
-    from .loop import clock  # here, not at the top: loop.py imports this module
-
     grid = sorted({k for k in VERIFY_GRID if k < max_tokens} | {max_tokens})
     device = target.device
     models = {"target": target} if draft is None else {"target": target, "draft": draft}
@@ -117,6 +116,16 @@ def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = 
     t_verify = interpolate({k: statistics.median(seconds[("target", k)]) for k in grid}, max_tokens)
     t_draft = statistics.median(seconds[("draft", 1)]) if draft is not None else 0.0
     return StepCosts(t_draft=t_draft, t_verify=t_verify)
+
+
+def clock(device: torch.device) -> float:
+    """Wall time in seconds, read after `device` has finished its queued work
+    (GPUs run ahead of Python: an unsynchronised clock times the launch only)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+    return time.perf_counter()
 
 
 def default_cache_dir() -> Path:

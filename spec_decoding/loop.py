@@ -17,7 +17,6 @@ up on what it has not seen the next time it drafts.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -28,19 +27,10 @@ from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs
 
 from .acceptance import speculative_sampling, speculative_sampling_greedy
+from .costs import clock
 from .drafters import Draft, Drafter, ModelDrafter
 from .schedule import GammaSchedule, make_schedule
 from .stats import SpecStats
-
-
-def clock(device: torch.device) -> float:
-    """Wall time in seconds, read after `device` has finished its queued work
-    (GPUs run ahead of Python: an unsynchronised clock times the launch only)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-    return time.perf_counter()
 
 
 @torch.inference_mode()
