@@ -18,6 +18,10 @@ DEFAULT_PROMPT = (
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+GAMMA_SCHEDULES = ("auto", "heuristic")  # --gamma by name (spec_decoding/schedule.py)
+NGRAM_DRAFT = "ngram"  # --draft ngram: prompt lookup, no draft model
+DEFAULT_NGRAM = 3
+
 # The library names a sampling setting by its argument; the user knows it by its flag.
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
 
@@ -49,7 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         "'<|endoftext|>' in it is GPT-2's end-of-text token "
         "(default: GPT-2's unicorn prompt, 'In a shocking finding, scientist discovered a herd of unicorns...')",
     )
-    parser.add_argument("--gamma", type=int, default=4, help="tokens the draft proposes per step, >= 1 (default: 4)")
+    parser.add_argument(
+        "--gamma", type=gamma_value, default=4,
+        help="tokens the draft proposes per step: an integer >= 1; 'auto', before each step the number that "
+        "maximises the expected tokens per second at the acceptance rate seen so far, from the draft's and the "
+        "target's step costs (measured once per model pair and machine, a few seconds, then cached); or "
+        "'heuristic', Hugging Face's rule (+2 after a step whose drafts were all accepted, -1 otherwise). "
+        "The output does not depend on it (default: 4)",
+    )
     parser.add_argument("--max-gen", type=int, default=100, help="the most new tokens to generate, >= 1 (default: 100)")
     parser.add_argument(
         "--temperature", type=float, default=0.0,
@@ -72,7 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--draft", default="gpt2",
         help="the draft model: a Hugging Face Hub repo id or a local folder with config.json and "
-        "model.safetensors (default: gpt2)",
+        "model.safetensors; or 'ngram', no model: prompt lookup, proposing the tokens that followed the last "
+        "earlier occurrence of the text's last --ngram tokens (fewer if none matches; nothing at all: a plain "
+        "target step) (default: gpt2)",
+    )
+    parser.add_argument(
+        "--ngram", type=int, default=None,
+        help="with --draft ngram: the longest suffix it matches, >= 1; shorter ones are tried next (default: 3)",
+    )
+    parser.add_argument(
+        "--draft-p-min", type=float, default=None,
+        help="stop drafting at the first position where the draft's top probability is below this, in [0, 1], "
+        "as llama.cpp's --draft-p-min: fewer wasted drafts (default: always draft --gamma tokens)",
     )
     parser.add_argument(
         "--target", default="gpt2-large",
@@ -92,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="none, or int8: both models' weight matrices rounded to int8 with a scale per row, and read as int8 "
         "on the CPU (float32 only): a quarter of the bytes per token, so faster decoding; the output is then "
         "exactly that of the int8 target, which differs a little from the float32 one (default: none)",
+    )
+    parser.add_argument(
+        "--draft-quantize", default=None,
+        help="none or int8, for the draft model only: int8 makes drafting cheaper while the output stays exactly "
+        "the float32 target's (CPU, float32 only) (default: as --quantize)",
     )
     parser.add_argument(
         "--weights-dir", default=None,
@@ -120,18 +147,58 @@ def check_settings(args: argparse.Namespace):
     ValueError names the flag.
 
     Raises:
-        ValueError: a bad --gamma, --max-gen, --temperature, --top-k or --top-p.
+        ValueError: a bad --gamma, --max-gen, --temperature, --top-k, --top-p,
+            or drafter option (`check_drafter`).
     """
     from gpt2.generate import check_integer
     from gpt2.sampling import SamplingConfig
 
-    check_integer(args.gamma, "--gamma", 1)  # as speculative_generate checks gamma
+    if not isinstance(args.gamma, str):
+        try:
+            check_integer(args.gamma, "--gamma", 1)  # as speculative_generate checks gamma
+        except ValueError:
+            raise ValueError(f"--gamma must be an integer >= 1, 'auto' or 'heuristic', got {args.gamma}") from None
+    check_drafter(args)
     check_integer(args.max_gen, "--max-gen", 1)
     try:
         return SamplingConfig(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
         name, rest = str(e).split(" ", 1)
         raise ValueError(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
+
+
+def gamma_value(text: str) -> int | str:
+    """--gamma as given: an integer (checked later, with the other values),
+    or the name of a schedule."""
+    if text in GAMMA_SCHEDULES:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, 'auto' or 'heuristic', got {text!r}") from None
+
+
+def check_drafter(args: argparse.Namespace) -> None:
+    """--ngram, --draft-p-min and --draft-quantize against --draft.
+
+    Raises:
+        ValueError: --ngram below 1 or without --draft ngram; --draft-p-min
+            outside [0, 1]; --draft-p-min or --draft-quantize with --draft
+            ngram, which has no model.
+    """
+    from gpt2.generate import check_integer
+
+    if args.ngram is not None:
+        check_integer(args.ngram, "--ngram", 1)
+        if args.draft != NGRAM_DRAFT:
+            raise ValueError(f"--ngram is the suffix length of --draft {NGRAM_DRAFT}: add --draft {NGRAM_DRAFT}, "
+                             "or leave out --ngram")
+    if args.draft_p_min is not None and not 0.0 <= args.draft_p_min <= 1.0:
+        raise ValueError(f"--draft-p-min must be a probability in [0, 1], got {args.draft_p_min}")
+    if args.draft == NGRAM_DRAFT:
+        for flag, value in (("--draft-p-min", args.draft_p_min), ("--draft-quantize", args.draft_quantize)):
+            if value is not None:
+                raise ValueError(f"{flag} is for a draft model; --draft {NGRAM_DRAFT} has none: leave out {flag}")
 
 
 def read_prompt(args: argparse.Namespace) -> str:
