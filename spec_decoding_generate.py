@@ -255,7 +255,7 @@ def make_drafter(args: argparse.Namespace, draft, draft_quantize: str | None):
 
 def make_schedule(args: argparse.Namespace, target, drafter):
     """The γ schedule --gamma asks for. For 'auto', the step costs of this
-    pair on this machine: read from the cache, or measured now (a few seconds)."""
+    pair on this machine: read from the cache, or measured now (some seconds)."""
     from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, calibrate
     from spec_decoding.schedule import DEFAULT_MAX_GAMMA
 

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gamma", type=gamma_value, default=4,
         help="tokens the draft proposes per step: an integer >= 1; 'auto', before each step the number that "
         "maximises the expected tokens per second at the acceptance rate seen so far, from the draft's and the "
-        "target's step costs (measured once per model pair and machine, a few seconds, then cached); or "
+        "target's step costs (measured once per model pair and machine, some seconds, then cached); or "
         "'heuristic', Hugging Face's rule (+2 after a step whose drafts were all accepted, -1 otherwise). "
         "The output does not depend on it (default: 4)",
     )
