@@ -31,10 +31,12 @@ import sys
 import time
 
 from cli.arguments import (
+    DEFAULT_NGRAM,
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNEXPECTED,
+    NGRAM_DRAFT,
     build_parser,
     check_settings,
     check_tree,
@@ -52,11 +54,13 @@ from cli.arguments import (
 
 
 def load_everything(
-    args: argparse.Namespace, prompts: list[str], device, dtype, quantize: str | None, lines: list[int] | None = None
+    args: argparse.Namespace, prompts: list[str], device, dtype, quantize: dict[str, str | None],
+    lines: list[int] | None = None,
 ):
     """The draft and target models, the target's tokenizer, the token ids of
-    each prompt and the two model folders. `lines`: the prompts' line numbers
-    in --prompts-file (errors name them), or None for the one --prompt.
+    each prompt and the model folders (no draft model, None, for --draft
+    ngram). `quantize`: each role's weight quantisation. `lines`: the prompts'
+    line numbers in --prompts-file (errors name them), or None for the one --prompt.
 
     Everything that can be wrong is checked before the weights are read
     (which takes seconds for GPT-2 large): the downloads, the vocabularies
@@ -74,7 +78,7 @@ def load_everything(
     from gpt2.generate import check_prompt
     from gpt2.loading import resolve_source
 
-    sources = {"draft": args.draft, "target": args.target}
+    sources = {"target": args.target} if args.draft == NGRAM_DRAFT else {"draft": args.draft, "target": args.target}
     folders = {role: resolve_source(source, args.weights_dir) for role, source in sources.items()}  # downloads
     configs = {role: GPT2Config.from_hf_config(folder / "config.json") for role, folder in folders.items()}
     try:
@@ -89,7 +93,7 @@ def load_everything(
         ) from None
 
     V = configs["target"].vocab_size
-    if configs["draft"].vocab_size != V:
+    if "draft" in configs and configs["draft"].vocab_size != V:
         raise ValueError(
             f"draft and target have different vocabularies ({configs['draft'].vocab_size} vs {V} tokens): "
             "pick a draft model from the target's family, e.g. --draft gpt2"
@@ -112,8 +116,8 @@ def load_everything(
     models = {}
     for role, source in sources.items():
         print(f"loading {role} {source} from {folders[role]}", file=sys.stderr)
-        models[role] = load_model(folders[role], device=device, dtype=dtype, quantize=quantize)
-    return models["draft"], models["target"], tokenizer, prompt_ids, folders
+        models[role] = load_model(folders[role], device=device, dtype=dtype, quantize=quantize[role])
+    return models.get("draft"), models["target"], tokenizer, prompt_ids, folders
 
 
 def warm_up(model, input_ids) -> None:
@@ -144,21 +148,28 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
 
     from cli import report
     from cli.stream import DIM, RESET, TokenStream, wants_color
-    from gpt2 import resolve_device, resolve_dtype
+    from gpt2 import END_OF_TEXT_ID, resolve_device, resolve_dtype
     from gpt2.fast.quantize import resolve_quantize
     from spec_decoding.loop import clock
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    quantize = resolve_quantize(args.quantize, device, dtype)
+    quantize, draft_quantize = resolve_quantizations(args, device, dtype)
     if sampling.greedy and (args.top_k is not None or args.top_p is not None):
         print("note: --top-k and --top-p only apply when sampling (--temperature > 0)", file=sys.stderr)
 
     t_load = time.perf_counter()
-    draft, target, tokenizer, (prompt_ids,), folders = load_everything(args, [prompt], device, dtype, quantize)
+    draft, target, tokenizer, (prompt_ids,), folders = load_everything(
+        args, [prompt], device, dtype, {"draft": draft_quantize, "target": quantize}
+    )
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
-    warm_up(draft, input_ids)
-    warm_up(target, input_ids)
+    for model in (draft, target):
+        if model is not None:
+            warm_up(model, input_ids)
+    drafter, drafter_name = make_drafter(args, draft, draft_quantize)
+    # --gamma auto: the step costs, measured once and cached; a tree has no γ schedule
+    schedule = None if tree is not None else make_schedule(args, target, drafter)
+    schedule_name = "tree" if schedule is None else schedule.describe()
     load_seconds = clock(device) - t_load
     # --compare: plain target steps timed right before (and after) the speculative run
     target_steps = target_step_seconds(target, input_ids) if args.compare else []
@@ -167,7 +178,7 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if out is not None:
         report.print_header(
-            draft=args.draft, target=args.target, gamma=args.gamma, tree=tree, max_gen=args.max_gen,
+            drafter=drafter_name, target=args.target, schedule=schedule_name, tree=tree, max_gen=args.max_gen,
             decoding=report.describe_decoding(sampling, args.seed), device=device, dtype=dtype, quantize=quantize,
             color=color,
         )
@@ -175,7 +186,7 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
         out.flush()
 
     stream = TokenStream(tokenizer, out, color)
-    stats, spec_seconds, interrupted = speculate(args, sampling, tree, target, draft, input_ids, stream)
+    stats, spec_seconds, interrupted = speculate(args, sampling, tree, target, drafter, schedule, input_ids, stream)
     if out is not None:
         out.write("\n")
         if interrupted:
@@ -206,7 +217,8 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
             "text": tokenizer.decode(stream.tokens),  # "<|endoftext|>" at the end if generation stopped there
             "token_ids": stream.tokens,
             "accepted_from_draft": stream.accepted,
-            "settings": {**settings_record(args, sampling, folders, device, dtype, quantize),
+            "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, draft_quantize,
+                                           drafter, drafter_name, schedule),
                          "tree": None if tree is None else str(tree)},
             "stats": stats.to_dict(),
             "timings": timings,
@@ -222,25 +234,46 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
             length=len(prompt_ids) + len(stream.tokens), target_n_ctx=target.config.n_ctx,
         )
         report.print_stats(
-            stats, stop=stop, length=len(prompt_ids) + len(stream.tokens), draft_n_ctx=draft.config.n_ctx,
-            timings=timings,
+            stats, stop=stop, length=len(prompt_ids) + len(stream.tokens),
+            draft_n_ctx=draft.config.n_ctx if draft is not None else None, timings=timings,
+            drafter=drafter_name, schedule=schedule_name,
         )
         if args.compare:
             report.print_comparison(comparison, stream.tokens, tokenizer)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
-def settings_record(args, sampling, folders, device, dtype, quantize: str | None, seed: int | None = None) -> dict:
+def resolve_quantizations(args: argparse.Namespace, device, dtype) -> tuple[str | None, str | None]:
+    """--quantize (both models) and --draft-quantize (the draft only), checked."""
+    from gpt2.fast.quantize import resolve_quantize
+
+    quantize = resolve_quantize(args.quantize, device, dtype)
+    try:
+        draft_quantize = quantize if args.draft_quantize is None else resolve_quantize(args.draft_quantize, device, dtype)
+    except ValueError as e:  # the message names --quantize
+        raise ValueError(str(e).replace("--quantize", "--draft-quantize")) from None
+    return quantize, draft_quantize
+
+
+def settings_record(
+    args, sampling, folders, device, dtype, quantize, draft_quantize, drafter, drafter_name: str, schedule,
+    seed: int | None = None,
+) -> dict:
     """The settings as given, for --json ("greedy" says how the temperature was read)."""
     from gpt2 import END_OF_TEXT_ID
 
     return {
         "draft": args.draft, "target": args.target,
-        "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
-        "gamma": args.gamma, "max_gen": args.max_gen,
+        "draft_folder": str(folders["draft"]) if "draft" in folders else None,
+        "target_folder": str(folders["target"]),
+        "drafter": drafter_name,
+        "ngram": drafter.n if args.draft == NGRAM_DRAFT else None,
+        "draft_p_min": args.draft_p_min,
+        "gamma": args.gamma, "schedule": None if schedule is None else schedule.describe(), "max_gen": args.max_gen,
         "temperature": args.temperature, "greedy": sampling.greedy,
         "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed if seed is None else seed,
         "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
+        "draft_quantize": draft_quantize if "draft" in folders else None,
         "eos_id": END_OF_TEXT_ID,
     }
 
@@ -261,24 +294,25 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
     from cli import report
     from cli.stream import TokenStream, wants_color
     from gpt2 import END_OF_TEXT_ID, resolve_device, resolve_dtype
-    from gpt2.fast.quantize import resolve_quantize
     from spec_decoding import BatchStats, speculative_generate
     from spec_decoding.loop import clock
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    quantize = resolve_quantize(args.quantize, device, dtype)
+    quantize, draft_quantize = resolve_quantizations(args, device, dtype)
     lines = [line for line, _ in prompts]
     draft, target, tokenizer, prompt_ids, folders = load_everything(
-        args, [text for _, text in prompts], device, dtype, quantize, lines
+        args, [text for _, text in prompts], device, dtype, {"draft": draft_quantize, "target": quantize}, lines
     )
     first = torch.tensor([prompt_ids[0]], dtype=torch.long, device=device)  # (1, T)
     warm_up(draft, first)
     warm_up(target, first)
+    drafter, drafter_name = make_drafter(args, draft, draft_quantize)
+    schedule = make_schedule(args, target, drafter)
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if not args.json:
         report.print_header(
-            draft=args.draft, target=args.target, gamma=args.gamma, max_gen=args.max_gen,
+            drafter=drafter_name, target=args.target, schedule=schedule.describe(), max_gen=args.max_gen,
             decoding=report.describe_decoding(sampling, args.seed), device=device, dtype=dtype, quantize=quantize,
             color=color,
         )
@@ -316,7 +350,8 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
                     "accepted_from_draft": stream.accepted, "stop": stop, "stats": row_stats.to_dict(),
                     "batch": {"index": len(batches) - 1, "seconds": batch_seconds,
                               **{k: v for k, v in stats.to_dict().items() if k != "rows"}},
-                    "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, args.seed + i),
+                    "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, draft_quantize,
+                                                   drafter, drafter_name, schedule, args.seed + i),
                                  "prompts_file": args.prompts_file, "batch_size": args.batch_size},
                     "interrupted": interrupted,
                 }, sys.stdout)
@@ -331,7 +366,36 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
-def speculate(args, sampling, tree, target, draft, input_ids, stream):
+def make_drafter(args: argparse.Namespace, draft, draft_quantize: str | None):
+    """The drafter --draft asks for, and how the report names it: the draft
+    model (stopping early below --draft-p-min), or prompt lookup."""
+    from spec_decoding import ModelDrafter, NgramDrafter
+
+    if args.draft == NGRAM_DRAFT:
+        n = DEFAULT_NGRAM if args.ngram is None else args.ngram
+        return NgramDrafter(n), f"prompt lookup (n-gram, suffixes of up to {n} tokens, no model)"
+    name = args.draft + (f" ({draft_quantize} weights)" if draft_quantize else "")
+    if args.draft_p_min is not None:
+        name += f", stopping below top probability {args.draft_p_min:g}"
+    return ModelDrafter(draft, p_min=args.draft_p_min), name
+
+
+def make_schedule(args: argparse.Namespace, target, drafter):
+    """The γ schedule --gamma asks for. For 'auto', the step costs of this
+    pair on this machine: read from the cache, or measured now (some seconds)."""
+    from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, calibrate
+    from spec_decoding.schedule import DEFAULT_MAX_GAMMA
+
+    if args.gamma == "heuristic":
+        return HeuristicGamma()
+    if args.gamma != "auto":
+        return FixedGamma(args.gamma)
+    print("--gamma auto: the step costs of this pair on this machine (measured once, then cached) ...",
+          file=sys.stderr)
+    return AutoGamma(calibrate(target, drafter.model, DEFAULT_MAX_GAMMA + 1))
+
+
+def speculate(args, sampling, tree, target, drafter, schedule, input_ids, stream):
     """`speculative_generate` (a chain), or `tree_speculative_generate` when
     `tree` is a TreeShape, committing into `stream` as it goes. With
     --show-tree or --debug each verified tree is drawn on stderr. Ctrl-C
@@ -347,21 +411,21 @@ def speculate(args, sampling, tree, target, draft, input_ids, stream):
 
     device = input_ids.device
     # passed in, so that its counts survive a Ctrl-C
-    stats = SpecStats(args.gamma) if tree is None else SpecStats(tree.max_depth, tree=str(tree))
+    stats = SpecStats(schedule.max_gamma) if tree is None else SpecStats(tree.max_depth, tree=str(tree))
     generator = seeded_generator(args.seed, device)
     interrupted = False
     t0 = clock(device)
     try:
         if tree is None:
             speculative_generate(
-                target, draft, input_ids,
-                gamma=args.gamma, max_new_tokens=args.max_gen,
+                target, drafter, input_ids,
+                gamma=schedule, max_new_tokens=args.max_gen,
                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                 eos_id=END_OF_TEXT_ID, generator=generator, on_step=stream.on_step, stats=stats,
             )
         else:
             tree_speculative_generate(
-                target, draft, input_ids,
+                target, drafter, input_ids,
                 tree=tree, max_new_tokens=args.max_gen,
                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                 eos_id=END_OF_TEXT_ID, generator=generator, on_step=stream.on_step, stats=stats,
@@ -396,7 +460,9 @@ def compare_with_target_alone(
     verification cost) takes its target step cost t_t from `target_steps`,
     plain target steps timed right before and after the speculative run, not
     from the baseline: when the load changed, prediction and measurement
-    disagree.
+    disagree. Where K varies (a γ schedule, prompt lookup) the prediction
+    takes this run's tokens per target call and its mean step time in place
+    of E(α, γ) and γ t_d + t_v(γ + 1).
     """
     import statistics
 
@@ -411,12 +477,12 @@ def compare_with_target_alone(
         "target": statistics.median(target_steps),  # t_t, around the speculative run
         "verify": stats.verify_seconds / stats.target_calls,  # t_v(γ + 1)
     }
-    if stats.tree is None:
+    if stats.tree is None and isinstance(args.gamma, int) and args.draft != NGRAM_DRAFT:
         predicted = predicted_speedup(
             stats.alpha, args.gamma, step_seconds["draft"], step_seconds["target"], step_seconds["verify"]
         )
-    else:  # a tree has no closed form in α: its measured tokens per call over the measured cost of a step
-        step = (stats.draft_seconds + stats.verify_seconds) / stats.target_calls
+    else:  # K varies, or a tree: its measured tokens per call over the mean cost of a step
+        step = (stats.draft_seconds + stats.verify_seconds) / stats.target_calls  # the mean step
         predicted = stats.tokens_per_target_call * step_seconds["target"] / step
 
     print("decoding with the target alone for --compare ...", file=sys.stderr)

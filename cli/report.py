@@ -44,15 +44,24 @@ def describe_decoding(sampling: SamplingConfig, seed: int) -> str:
     return text + f", seed {seed}"
 
 
+def describe_schedule(schedule: str) -> str:
+    """How many tokens a step drafts, from `GammaSchedule.describe()`."""
+    if schedule.startswith("fixed "):
+        return f"{schedule.removeprefix('fixed ')} tokens per step"
+    if schedule == "auto":
+        return "the number of tokens per step that pays best (--gamma auto)"
+    return f"a number of tokens per step set by the {schedule} rule"
+
+
 def print_header(
-    *, draft: str, target: str, gamma: int | None, tree=None, max_gen: int, decoding: str, device, dtype,
+    *, drafter: str, target: str, schedule: str, tree=None, max_gen: int, decoding: str, device, dtype,
     quantize: str | None, color: bool,
 ) -> None:
-    """`tree`: the TreeShape drafted instead of a chain of `gamma` tokens, or None."""
+    """`tree`: the TreeShape drafted instead of a chain (`schedule`), or None."""
     if tree is None:
-        print(f"draft {draft} proposes {gamma} tokens per step, target {target} verifies them")
+        print(f"drafter {drafter} proposes {describe_schedule(schedule)}, target {target} verifies them")
     else:
-        print(f"draft {draft} proposes a token tree per step ({tree}: up to {tree.max_nodes} tokens, "
+        print(f"drafter {drafter} proposes a token tree per step ({tree}: up to {tree.max_nodes} tokens, "
               f"{tree.max_depth} deep), target {target} verifies it in one pass")
     weights = f", {quantize} weights (the output is the {quantize} target's)" if quantize else ""
     print(f"{decoding}, up to {max_gen} new tokens, {device} {str(dtype).removeprefix('torch.')}{weights}")
@@ -77,12 +86,54 @@ def stop_reason(stats: SpecStats, *, interrupted: bool, max_gen: int, length: in
     return f"stopped at the target's context window ({target_n_ctx} tokens)"
 
 
-def print_stats(stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int, timings: dict) -> None:
-    """The stats block: tokens, α, tokens per target call, plain steps,
-    forward calls, speed. `length`: prompt + new tokens."""
+def describe_gammas(stats: SpecStats, schedule: str) -> str:
+    """The schedule and the K it asked for, e.g. 'auto: K = 0 x 2, 4 x 10, 5 x 3 steps (mean 4.1)'."""
+    steps = sum(stats.gamma_hist)
+    if not steps:
+        return schedule
+    asked = ", ".join(f"{K} x {n}" for K, n in enumerate(stats.gamma_hist) if n)
+    mean = sum(K * n for K, n in enumerate(stats.gamma_hist)) / steps
+    return f"{schedule}: K = {asked} steps (mean {mean:.1f})"
+
+
+def plain_step_reasons(stats: SpecStats, *, schedule: str, drafter: str, length: int, draft_n_ctx: int | None) -> str:
+    """Why steps drafted nothing: none was asked for (the schedule's K = 0, the
+    end of the budget, the draft's window), or the drafter proposed none."""
+    asked_none, proposed_none = stats.gamma_hist[0], stats.plain_steps - stats.gamma_hist[0]
+    reasons = []
+    if asked_none:
+        if draft_n_ctx is not None and length > draft_n_ctx:
+            why = f"the sequence outgrew the draft's context window of {draft_n_ctx} tokens"
+        elif schedule == "auto":
+            why = "auto chose a plain step where drafting did not pay, or no room was left before the end"
+        else:
+            why = "no room to draft before the end"
+        reasons.append(why if not proposed_none else f"{asked_none}: {why}")
+    if proposed_none:
+        why = "no earlier occurrence matched" if drafter.startswith("prompt lookup") else "the draft was unsure"
+        reasons.append(f"{proposed_none}: the drafter proposed nothing ({why})")
+    return "; ".join(reasons)
+
+
+def print_stats(
+    stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int | None, timings: dict, drafter: str, schedule: str
+) -> None:
+    """The stats block: tokens, the drafter and the K it was asked for, α,
+    tokens per target call, plain steps, forward calls, speed. `length`:
+    prompt + new tokens; `draft_n_ctx`: None without a draft model."""
     judged = sum(stats.reached_at)
     gamma = stats.gamma
-    rows = [("new tokens", f"{stats.new_tokens} in {count(stats.target_calls, 'target call')}, {stop}")]
+    rows = [
+        ("new tokens", f"{stats.new_tokens} in {count(stats.target_calls, 'target call')}, {stop}"),
+        ("drafter", drafter),
+    ]
+    if stats.tree is None:
+        rows.append(("γ per step", describe_gammas(stats, schedule)))
+    if schedule.startswith("fixed "):
+        expected = expected_tokens_per_step(stats.alpha, gamma)
+    else:  # K varies: the mean of E(α, K) over the steps
+        expected = sum(n * expected_tokens_per_step(stats.alpha, K) for K, n in enumerate(stats.gamma_hist))
+        expected /= max(1, stats.target_calls)
     if stats.drafted and stats.tree is not None:
         rows += tree_rows(stats)
     elif stats.drafted:
@@ -96,17 +147,13 @@ def print_stats(stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int, t
             (
                 "tokens/target call",
                 f"{stats.tokens_per_target_call:.2f} (at most {gamma + 1}; "
-                f"{expected_tokens_per_step(stats.alpha, gamma):.2f} expected at this α, Leviathan et al. eq. 1)",
+                f"{expected:.2f} expected at this α, Leviathan et al. eq. 1)",
             ),
         ]
     else:
         rows.append(("acceptance α", "n/a: nothing was drafted"))
     if stats.plain_steps:
-        why = (
-            f"the sequence outgrew the draft's context window of {draft_n_ctx} tokens"
-            if length > draft_n_ctx
-            else "no room to draft before the end"
-        )
+        why = plain_step_reasons(stats, schedule=schedule, drafter=drafter, length=length, draft_n_ctx=draft_n_ctx)
         rows.append(("plain steps", f"{count(stats.plain_steps, 'target call')} drafted nothing ({why})"))
     rows += [
         ("forward calls", f"target {stats.target_calls}, draft {stats.draft_calls} (after the prompt's prefill)"),
@@ -211,7 +258,6 @@ def describe_speedup(comparison: dict) -> str:
             "run again on a quiet machine"
         )
     return text
-
 
 def print_row_block(index: int, total: int, line: int, prompt: str, text: str, stats: SpecStats, stop: str) -> None:
     """One prompt of --prompts-file: a title, the prompt and its generated
