@@ -59,8 +59,9 @@ def load_everything(
 ):
     """The draft and target models, the target's tokenizer, the token ids of
     each prompt and the model folders (no draft model, None, for --draft
-    ngram). `quantize`: each role's weight quantisation. `lines`: the prompts'
-    line numbers in --prompts-file (errors name them), or None for the one --prompt.
+    ngram). `quantize`: each role's weight quantisation. `lines`: the
+    prompts' line numbers in --prompts-file (errors name them), or None for
+    the one --prompt.
 
     Everything that can be wrong is checked before the weights are read
     (which takes seconds for GPT-2 large): the downloads, the vocabularies
@@ -148,13 +149,14 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
 
     from cli import report
     from cli.stream import DIM, RESET, TokenStream, wants_color
-    from gpt2 import END_OF_TEXT_ID, resolve_device, resolve_dtype
+    from gpt2 import resolve_device, resolve_dtype
     from gpt2.fast.quantize import resolve_quantize
-    from spec_decoding.loop import clock
+    from spec_decoding.stats import clock
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    quantize, draft_quantize = resolve_quantizations(args, device, dtype)
+    quantize = resolve_quantize(args.quantize, device, dtype)
+    draft_quantize = resolve_draft_quantize(args, quantize, device, dtype)
     if sampling.greedy and (args.top_k is not None or args.top_p is not None):
         print("note: --top-k and --top-p only apply when sampling (--temperature > 0)", file=sys.stderr)
 
@@ -166,11 +168,9 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     for model in (draft, target):
         if model is not None:
             warm_up(model, input_ids)
-    drafter, drafter_name = make_drafter(args, draft, draft_quantize)
-    # --gamma auto: the step costs, measured once and cached; a tree has no γ schedule
-    schedule = None if tree is not None else make_schedule(args, target, drafter)
-    schedule_name = "tree" if schedule is None else schedule.describe()
-    load_seconds = clock(device) - t_load
+    drafter_name = drafter_description(args, draft_quantize)
+    drafter, schedule = (None, None) if tree is not None else make_drafter_and_schedule(args, target, draft)
+    load_seconds = clock(device) - t_load  # with --gamma auto, the step costs' calibration (once per machine)
     # --compare: plain target steps timed right before (and after) the speculative run
     target_steps = target_step_seconds(target, input_ids) if args.compare else []
 
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if out is not None:
         report.print_header(
-            drafter=drafter_name, target=args.target, schedule=schedule_name, tree=tree, max_gen=args.max_gen,
+            draft=drafter_name, target=args.target, gamma=args.gamma, tree=tree, max_gen=args.max_gen,
             decoding=report.describe_decoding(sampling, args.seed), device=device, dtype=dtype, quantize=quantize,
             color=color,
         )
@@ -186,7 +186,9 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
         out.flush()
 
     stream = TokenStream(tokenizer, out, color)
-    stats, spec_seconds, interrupted = speculate(args, sampling, tree, target, drafter, schedule, input_ids, stream)
+    stats, spec_seconds, interrupted = speculate(
+        args, sampling, tree, target, draft if tree is not None else drafter, schedule, input_ids, stream
+    )
     if out is not None:
         out.write("\n")
         if interrupted:
@@ -217,8 +219,8 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
             "text": tokenizer.decode(stream.tokens),  # "<|endoftext|>" at the end if generation stopped there
             "token_ids": stream.tokens,
             "accepted_from_draft": stream.accepted,
-            "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, draft_quantize,
-                                           drafter, drafter_name, schedule),
+            "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, draft_quantize=draft_quantize,
+                                           drafter=drafter_name, schedule=schedule),
                          "tree": None if tree is None else str(tree)},
             "stats": stats.to_dict(),
             "timings": timings,
@@ -235,47 +237,76 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
         )
         report.print_stats(
             stats, stop=stop, length=len(prompt_ids) + len(stream.tokens),
-            draft_n_ctx=draft.config.n_ctx if draft is not None else None, timings=timings,
-            drafter=drafter_name, schedule=schedule_name,
+            draft_n_ctx=None if draft is None else draft.config.n_ctx, timings=timings, drafter=drafter_name,
+            schedule=None if schedule is None else schedule.describe(),
         )
         if args.compare:
             report.print_comparison(comparison, stream.tokens, tokenizer)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
-def resolve_quantizations(args: argparse.Namespace, device, dtype) -> tuple[str | None, str | None]:
-    """--quantize (both models) and --draft-quantize (the draft only), checked."""
-    from gpt2.fast.quantize import resolve_quantize
-
-    quantize = resolve_quantize(args.quantize, device, dtype)
-    try:
-        draft_quantize = quantize if args.draft_quantize is None else resolve_quantize(args.draft_quantize, device, dtype)
-    except ValueError as e:  # the message names --quantize
-        raise ValueError(str(e).replace("--quantize", "--draft-quantize")) from None
-    return quantize, draft_quantize
-
-
 def settings_record(
-    args, sampling, folders, device, dtype, quantize, draft_quantize, drafter, drafter_name: str, schedule,
-    seed: int | None = None,
+    args, sampling, folders, device, dtype, quantize: str | None, seed: int | None = None, *,
+    draft_quantize: str | None, drafter: str, schedule=None,
 ) -> dict:
-    """The settings as given, for --json ("greedy" says how the temperature was read)."""
+    """The settings as given, for --json ("greedy" says how the temperature
+    was read; "drafter" and "schedule" what they became)."""
     from gpt2 import END_OF_TEXT_ID
 
+    ngram = args.draft == NGRAM_DRAFT
     return {
         "draft": args.draft, "target": args.target,
-        "draft_folder": str(folders["draft"]) if "draft" in folders else None,
-        "target_folder": str(folders["target"]),
-        "drafter": drafter_name,
-        "ngram": drafter.n if args.draft == NGRAM_DRAFT else None,
+        "draft_folder": None if ngram else str(folders["draft"]), "target_folder": str(folders["target"]),
+        "drafter": drafter, "ngram": (DEFAULT_NGRAM if args.ngram is None else args.ngram) if ngram else None,
         "draft_p_min": args.draft_p_min,
         "gamma": args.gamma, "schedule": None if schedule is None else schedule.describe(), "max_gen": args.max_gen,
         "temperature": args.temperature, "greedy": sampling.greedy,
         "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed if seed is None else seed,
         "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
-        "draft_quantize": draft_quantize if "draft" in folders else None,
+        "draft_quantize": None if ngram else draft_quantize,
         "eos_id": END_OF_TEXT_ID,
     }
+
+
+def resolve_draft_quantize(args, quantize: str | None, device, dtype) -> str | None:
+    """The draft's weight quantisation: --draft-quantize, else --quantize's."""
+    from gpt2.fast.quantize import resolve_quantize
+
+    if args.draft_quantize is None:
+        return quantize
+    try:
+        return resolve_quantize(args.draft_quantize, device, dtype)
+    except ValueError as e:  # its message names --quantize
+        raise ValueError(str(e).replace("--quantize", "--draft-quantize")) from None
+
+
+def drafter_description(args, draft_quantize: str | None) -> str:
+    """How the header and the stats name the drafter."""
+    from cli.report import describe_drafter
+
+    ngram = (DEFAULT_NGRAM if args.ngram is None else args.ngram) if args.draft == NGRAM_DRAFT else None
+    return describe_drafter(args.draft, ngram=ngram, quantize=draft_quantize, p_min=args.draft_p_min)
+
+
+def make_drafter_and_schedule(args, target, draft):
+    """The drafter --draft asks for (the draft model, stopping early below
+    --draft-p-min; or prompt lookup) and the γ schedule of --gamma. For
+    'auto', the step costs of this pair on this machine: read from the
+    cache, or measured now (some seconds)."""
+    from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, ModelDrafter, NgramDrafter, calibrate
+    from spec_decoding.schedule import DEFAULT_MAX_GAMMA
+
+    if args.draft == NGRAM_DRAFT:
+        drafter = NgramDrafter(DEFAULT_NGRAM if args.ngram is None else args.ngram)
+    else:
+        drafter = ModelDrafter(draft, p_min=args.draft_p_min)
+    if args.gamma == "heuristic":
+        return drafter, HeuristicGamma()
+    if args.gamma != "auto":
+        return drafter, FixedGamma(args.gamma)
+    print("--gamma auto: the step costs of this pair on this machine (measured once, then cached) ...",
+          file=sys.stderr)
+    return drafter, AutoGamma(calibrate(target, drafter.model, DEFAULT_MAX_GAMMA + 1))
 
 
 def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]]) -> int:
@@ -294,12 +325,15 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
     from cli import report
     from cli.stream import TokenStream, wants_color
     from gpt2 import END_OF_TEXT_ID, resolve_device, resolve_dtype
+    from gpt2.fast.quantize import resolve_quantize
     from spec_decoding import BatchStats, speculative_generate
-    from spec_decoding.loop import clock
+    from spec_decoding.stats import clock
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    quantize, draft_quantize = resolve_quantizations(args, device, dtype)
+    quantize = resolve_quantize(args.quantize, device, dtype)
+    draft_quantize = resolve_draft_quantize(args, quantize, device, dtype)
+    drafter_name = drafter_description(args, draft_quantize)
     lines = [line for line, _ in prompts]
     draft, target, tokenizer, prompt_ids, folders = load_everything(
         args, [text for _, text in prompts], device, dtype, {"draft": draft_quantize, "target": quantize}, lines
@@ -307,12 +341,10 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
     first = torch.tensor([prompt_ids[0]], dtype=torch.long, device=device)  # (1, T)
     warm_up(draft, first)
     warm_up(target, first)
-    drafter, drafter_name = make_drafter(args, draft, draft_quantize)
-    schedule = make_schedule(args, target, drafter)
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if not args.json:
         report.print_header(
-            drafter=drafter_name, target=args.target, schedule=schedule.describe(), max_gen=args.max_gen,
+            draft=drafter_name, target=args.target, gamma=args.gamma, max_gen=args.max_gen,
             decoding=report.describe_decoding(sampling, args.seed), device=device, dtype=dtype, quantize=quantize,
             color=color,
         )
@@ -350,8 +382,8 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
                     "accepted_from_draft": stream.accepted, "stop": stop, "stats": row_stats.to_dict(),
                     "batch": {"index": len(batches) - 1, "seconds": batch_seconds,
                               **{k: v for k, v in stats.to_dict().items() if k != "rows"}},
-                    "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, draft_quantize,
-                                                   drafter, drafter_name, schedule, args.seed + i),
+                    "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, args.seed + i,
+                                                   draft_quantize=draft_quantize, drafter=drafter_name),
                                  "prompts_file": args.prompts_file, "batch_size": args.batch_size},
                     "interrupted": interrupted,
                 }, sys.stdout)
@@ -366,38 +398,10 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
-def make_drafter(args: argparse.Namespace, draft, draft_quantize: str | None):
-    """The drafter --draft asks for, and how the report names it: the draft
-    model (stopping early below --draft-p-min), or prompt lookup."""
-    from spec_decoding import ModelDrafter, NgramDrafter
-
-    if args.draft == NGRAM_DRAFT:
-        n = DEFAULT_NGRAM if args.ngram is None else args.ngram
-        return NgramDrafter(n), f"prompt lookup (n-gram, suffixes of up to {n} tokens, no model)"
-    name = args.draft + (f" ({draft_quantize} weights)" if draft_quantize else "")
-    if args.draft_p_min is not None:
-        name += f", stopping below top probability {args.draft_p_min:g}"
-    return ModelDrafter(draft, p_min=args.draft_p_min), name
-
-
-def make_schedule(args: argparse.Namespace, target, drafter):
-    """The γ schedule --gamma asks for. For 'auto', the step costs of this
-    pair on this machine: read from the cache, or measured now (some seconds)."""
-    from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, calibrate
-    from spec_decoding.schedule import DEFAULT_MAX_GAMMA
-
-    if args.gamma == "heuristic":
-        return HeuristicGamma()
-    if args.gamma != "auto":
-        return FixedGamma(args.gamma)
-    print("--gamma auto: the step costs of this pair on this machine (measured once, then cached) ...",
-          file=sys.stderr)
-    return AutoGamma(calibrate(target, drafter.model, DEFAULT_MAX_GAMMA + 1))
-
-
-def speculate(args, sampling, tree, target, drafter, schedule, input_ids, stream):
-    """`speculative_generate` (a chain), or `tree_speculative_generate` when
-    `tree` is a TreeShape, committing into `stream` as it goes. With
+def speculate(args, sampling, tree, target, draft, schedule, input_ids, stream):
+    """`speculative_generate` (a chain: `draft` is the drafter, `schedule`
+    the γ schedule), or `tree_speculative_generate` when `tree` is a
+    TreeShape (`draft` is the draft model), committing into `stream` as it goes. With
     --show-tree or --debug each verified tree is drawn on stderr. Ctrl-C
     stops it; what was committed and counted until then stays.
 
@@ -407,7 +411,7 @@ def speculate(args, sampling, tree, target, drafter, schedule, input_ids, stream
     from cli import report
     from gpt2 import END_OF_TEXT_ID
     from spec_decoding import SpecStats, speculative_generate, tree_speculative_generate
-    from spec_decoding.loop import clock
+    from spec_decoding.stats import clock
 
     device = input_ids.device
     # passed in, so that its counts survive a Ctrl-C
@@ -418,14 +422,14 @@ def speculate(args, sampling, tree, target, drafter, schedule, input_ids, stream
     try:
         if tree is None:
             speculative_generate(
-                target, drafter, input_ids,
+                target, draft, input_ids,
                 gamma=schedule, max_new_tokens=args.max_gen,
                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                 eos_id=END_OF_TEXT_ID, generator=generator, on_step=stream.on_step, stats=stats,
             )
         else:
             tree_speculative_generate(
-                target, drafter, input_ids,
+                target, draft, input_ids,
                 tree=tree, max_new_tokens=args.max_gen,
                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                 eos_id=END_OF_TEXT_ID, generator=generator, on_step=stream.on_step, stats=stats,
@@ -460,9 +464,7 @@ def compare_with_target_alone(
     verification cost) takes its target step cost t_t from `target_steps`,
     plain target steps timed right before and after the speculative run, not
     from the baseline: when the load changed, prediction and measurement
-    disagree. Where K varies (a γ schedule, prompt lookup) the prediction
-    takes this run's tokens per target call and its mean step time in place
-    of E(α, γ) and γ t_d + t_v(γ + 1).
+    disagree.
     """
     import statistics
 
@@ -470,7 +472,7 @@ def compare_with_target_alone(
     from gpt2 import END_OF_TEXT_ID, generate
     from gpt2.generate import first_difference
     from spec_decoding import predicted_speedup
-    from spec_decoding.loop import clock
+    from spec_decoding.stats import clock
 
     step_seconds = {
         "draft": stats.draft_seconds / stats.draft_calls if stats.draft_calls else 0.0,  # t_d
@@ -481,8 +483,8 @@ def compare_with_target_alone(
         predicted = predicted_speedup(
             stats.alpha, args.gamma, step_seconds["draft"], step_seconds["target"], step_seconds["verify"]
         )
-    else:  # K varies, or a tree: its measured tokens per call over the mean cost of a step
-        step = (stats.draft_seconds + stats.verify_seconds) / stats.target_calls  # the mean step
+    else:  # a tree, a γ schedule, prompt lookup: no closed form in α; measured tokens per call over step cost
+        step = (stats.draft_seconds + stats.verify_seconds) / stats.target_calls
         predicted = stats.tokens_per_target_call * step_seconds["target"] / step
 
     print("decoding with the target alone for --compare ...", file=sys.stderr)
@@ -519,7 +521,7 @@ def target_step_seconds(target, input_ids, steps: int = 5) -> list[float]:
     t_t, at the load of the moment."""
     import torch
 
-    from spec_decoding.loop import clock
+    from spec_decoding.stats import clock
 
     device = input_ids.device
     n_ctx = target.config.n_ctx

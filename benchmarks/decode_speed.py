@@ -35,7 +35,7 @@ from benchmarks.common import environment, environment_lines, markdown_table, ra
 from benchmarks.common import shape, write_json
 from gpt2 import GPT2, fast, generate
 from spec_decoding import SimulatedDrafter, speculative_generate
-from spec_decoding.loop import clock
+from spec_decoding.stats import clock
 
 CPU = torch.device("cpu")
 DTYPE = torch.float32

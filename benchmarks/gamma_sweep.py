@@ -37,7 +37,7 @@ from benchmarks.prompts import PROMPTS
 from gpt2 import SamplingConfig, fast, generate
 from spec_decoding import SimulatedDrafter, SimulatedTreeDrafter, SpecStats, TokenTree, TreeShape
 from spec_decoding import speculative_generate
-from spec_decoding.loop import clock
+from spec_decoding.stats import clock
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ DEFAULT_PROMPT = (
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEFAULT_GAMMA = 4
 DEFAULT_TREE = "3,1"  # spec_decoding.tree.DEFAULT_TREE (not imported here: --help answers without torch)
-
 GAMMA_SCHEDULES = ("auto", "heuristic")  # --gamma by name (spec_decoding/schedule.py)
 NGRAM_DRAFT = "ngram"  # --draft ngram: prompt lookup, no draft model
 DEFAULT_NGRAM = 3
@@ -74,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens the draft proposes per step, a chain: an integer >= 1; 'auto', before each step the number "
         "that maximises the expected tokens per second at the acceptance rate seen so far, from the draft's and "
         "the target's step costs (measured once per model pair and machine, some seconds, then cached); or "
-        "'heuristic', Hugging Face's rule (+2 after a step whose drafts were all accepted, -1 otherwise). The "
-        f"output does not depend on it (default: {DEFAULT_GAMMA}, unless a tree is given)",
+        "'heuristic', Hugging Face's rule (+2 after a step whose drafts were all accepted, -1 otherwise). "
+        f"The output does not depend on it (default: {DEFAULT_GAMMA}, unless a tree is given)",
     )
     parser.add_argument(
         "--tree", nargs="?", const=DEFAULT_TREE, default=None, metavar="SHAPE",
@@ -118,12 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--draft", default="gpt2",
         help="the draft model: a Hugging Face Hub repo id or a local folder with config.json and "
         "model.safetensors; or 'ngram', no model: prompt lookup, proposing the tokens that followed the last "
-        "earlier occurrence of the text's last --ngram tokens (fewer if none matches; nothing at all: a plain "
-        "target step) (default: gpt2)",
+        "earlier occurrence of the text's last --ngram tokens (shorter suffixes next; with no match at all, a "
+        "plain target step) (default: gpt2)",
     )
     parser.add_argument(
         "--ngram", type=int, default=None,
-        help="with --draft ngram: the longest suffix it matches, >= 1; shorter ones are tried next (default: 3)",
+        help=f"with --draft ngram: the longest suffix it matches, >= 1 (default: {DEFAULT_NGRAM})",
     )
     parser.add_argument(
         "--draft-p-min", type=float, default=None,
@@ -206,6 +205,51 @@ def check_settings(args: argparse.Namespace):
         raise ValueError(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
 
 
+def gamma_value(text: str) -> int | str:
+    """--gamma as given: an integer (checked later, with the other values),
+    or the name of a schedule."""
+    if text in GAMMA_SCHEDULES:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, 'auto' or 'heuristic', got {text!r}") from None
+
+
+def check_drafter(args: argparse.Namespace) -> None:
+    """--ngram, --draft-p-min, --draft-quantize and a named --gamma against
+    --draft and the other ways to decode.
+
+    Raises:
+        ValueError: --ngram below 1 or without --draft ngram; --draft-p-min
+            outside [0, 1]; --draft-p-min or --draft-quantize with --draft
+            ngram, which has no model; prompt lookup or a named --gamma with
+            a token tree or --prompts-file (they decode one chain).
+    """
+    from gpt2.generate import check_integer
+
+    if args.ngram is not None:
+        check_integer(args.ngram, "--ngram", 1)
+        if args.draft != NGRAM_DRAFT:
+            raise ValueError(f"--ngram is the suffix length of --draft {NGRAM_DRAFT}: add --draft {NGRAM_DRAFT}, "
+                             "or leave out --ngram")
+    if args.draft_p_min is not None and not 0.0 <= args.draft_p_min <= 1.0:
+        raise ValueError(f"--draft-p-min must be a probability in [0, 1], got {args.draft_p_min}")
+    if args.draft == NGRAM_DRAFT:
+        for flag, value in (("--draft-p-min", args.draft_p_min), ("--draft-quantize", args.draft_quantize)):
+            if value is not None:
+                raise ValueError(f"{flag} is for a draft model; --draft {NGRAM_DRAFT} has none: leave out {flag}")
+    tree = args.tree is not None or args.tree_nodes is not None or args.show_tree
+    chain_only = [f"--gamma {args.gamma}"] if isinstance(args.gamma, str) else []
+    chain_only += [f"--draft {NGRAM_DRAFT}"] if args.draft == NGRAM_DRAFT else []
+    chain_only += ["--draft-p-min"] if args.draft_p_min is not None else []
+    for option in chain_only:
+        if tree:
+            raise ValueError(f"{option} drafts a chain, one sequence: leave out --tree, --tree-nodes and --show-tree")
+        if args.prompts_file is not None:
+            raise ValueError(f"{option} works with one --prompt, not with --prompts-file")
+
+
 def check_tree(args: argparse.Namespace):
     """The token tree of --tree or --tree-nodes/--tree-depth, as the
     library's `TreeShape`, or None for a chain (then args.gamma is set to its
@@ -223,8 +267,6 @@ def check_tree(args: argparse.Namespace):
         raise ValueError("give --tree (a fixed shape) or --tree-nodes with --tree-depth (a dynamic tree), not both")
     if (args.tree is not None or dynamic) and args.gamma is not None:
         raise ValueError("give --gamma (a chain of drafted tokens) or a tree (--tree, --tree-nodes), not both")
-    if (args.tree is not None or dynamic) and args.draft == NGRAM_DRAFT:
-        raise ValueError("--draft ngram proposes a chain, not a tree: drop --tree, or draft with a model")
     if dynamic:
         if args.tree_nodes is None or args.tree_depth is None:
             given, missing = ("--tree-nodes", "--tree-depth")[:: 1 if args.tree_depth is None else -1]
@@ -239,47 +281,12 @@ def check_tree(args: argparse.Namespace):
             return TreeShape.parse(args.tree)
         except ValueError as e:
             raise ValueError(f"--tree: {e}") from None
-    if args.gamma is None:
-        args.gamma = DEFAULT_GAMMA
+    if isinstance(args.gamma, str):  # a schedule's name: checked by check_drafter
+        return None
+    args.gamma = check_integer(DEFAULT_GAMMA if args.gamma is None else args.gamma, "--gamma", 1)
     if args.show_tree:
-        if isinstance(args.gamma, str) or args.draft == NGRAM_DRAFT:
-            raise ValueError("--show-tree draws a tree, or a chain of a fixed --gamma N drafted by a model")
         return TreeShape(branching=(1,) * args.gamma)
     return None
-
-
-def gamma_value(text: str) -> int | str:
-    """--gamma as given: an integer (checked later, with the other values),
-    or the name of a schedule."""
-    if text in GAMMA_SCHEDULES:
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, 'auto' or 'heuristic', got {text!r}") from None
-
-
-def check_drafter(args: argparse.Namespace) -> None:
-    """--ngram, --draft-p-min and --draft-quantize against --draft.
-
-    Raises:
-        ValueError: --ngram below 1 or without --draft ngram; --draft-p-min
-            outside [0, 1]; --draft-p-min or --draft-quantize with --draft
-            ngram, which has no model.
-    """
-    from gpt2.generate import check_integer
-
-    if args.ngram is not None:
-        check_integer(args.ngram, "--ngram", 1)
-        if args.draft != NGRAM_DRAFT:
-            raise ValueError(f"--ngram is the suffix length of --draft {NGRAM_DRAFT}: add --draft {NGRAM_DRAFT}, "
-                             "or leave out --ngram")
-    if args.draft_p_min is not None and not 0.0 <= args.draft_p_min <= 1.0:
-        raise ValueError(f"--draft-p-min must be a probability in [0, 1], got {args.draft_p_min}")
-    if args.draft == NGRAM_DRAFT:
-        for flag, value in (("--draft-p-min", args.draft_p_min), ("--draft-quantize", args.draft_quantize)):
-            if value is not None:
-                raise ValueError(f"{flag} is for a draft model; --draft {NGRAM_DRAFT} has none: leave out {flag}")
 
 
 def read_prompt(args: argparse.Namespace) -> str:

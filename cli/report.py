@@ -44,24 +44,25 @@ def describe_decoding(sampling: SamplingConfig, seed: int) -> str:
     return text + f", seed {seed}"
 
 
-def describe_schedule(schedule: str) -> str:
-    """How many tokens a step drafts, from `GammaSchedule.describe()`."""
-    if schedule.startswith("fixed "):
-        return f"{schedule.removeprefix('fixed ')} tokens per step"
-    if schedule == "auto":
+def describe_gamma(gamma: int | str) -> str:
+    """How many tokens a step drafts: --gamma as given (an integer, or a schedule's name)."""
+    if gamma == "auto":
         return "the number of tokens per step that pays best (--gamma auto)"
-    return f"a number of tokens per step set by the {schedule} rule"
+    if gamma == "heuristic":
+        return "a number of tokens per step set by Hugging Face's +2/-1 rule (--gamma heuristic)"
+    return f"{gamma} tokens per step"
 
 
 def print_header(
-    *, drafter: str, target: str, schedule: str, tree=None, max_gen: int, decoding: str, device, dtype,
+    *, draft: str, target: str, gamma: int | str | None, tree=None, max_gen: int, decoding: str, device, dtype,
     quantize: str | None, color: bool,
 ) -> None:
-    """`tree`: the TreeShape drafted instead of a chain (`schedule`), or None."""
+    """`draft`: how the drafter is named (`describe_drafter`); `tree`: the
+    TreeShape drafted instead of a chain of `gamma` tokens, or None."""
     if tree is None:
-        print(f"drafter {drafter} proposes {describe_schedule(schedule)}, target {target} verifies them")
+        print(f"draft {draft} proposes {describe_gamma(gamma)}, target {target} verifies them")
     else:
-        print(f"drafter {drafter} proposes a token tree per step ({tree}: up to {tree.max_nodes} tokens, "
+        print(f"draft {draft} proposes a token tree per step ({tree}: up to {tree.max_nodes} tokens, "
               f"{tree.max_depth} deep), target {target} verifies it in one pass")
     weights = f", {quantize} weights (the output is the {quantize} target's)" if quantize else ""
     print(f"{decoding}, up to {max_gen} new tokens, {device} {str(dtype).removeprefix('torch.')}{weights}")
@@ -84,6 +85,15 @@ def stop_reason(stats: SpecStats, *, interrupted: bool, max_gen: int, length: in
         return "stopped at --max-gen"
     assert length >= target_n_ctx, (length, target_n_ctx)
     return f"stopped at the target's context window ({target_n_ctx} tokens)"
+
+
+def describe_drafter(draft: str, *, ngram: int | None, quantize: str | None, p_min: float | None) -> str:
+    """The drafter as the header and the stats name it: the draft model (its
+    weights' quantisation, its p_min), or prompt lookup (`ngram`: its n)."""
+    if ngram is not None:
+        return f"prompt lookup (n-gram, suffixes of up to {ngram} tokens, no model)"
+    name = draft + (f" ({quantize} weights)" if quantize else "")
+    return name + (f", stopping below top probability {p_min:g}" if p_min is not None else "")
 
 
 def describe_gammas(stats: SpecStats, schedule: str) -> str:
@@ -116,11 +126,13 @@ def plain_step_reasons(stats: SpecStats, *, schedule: str, drafter: str, length:
 
 
 def print_stats(
-    stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int | None, timings: dict, drafter: str, schedule: str
+    stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int | None, timings: dict, drafter: str,
+    schedule: str | None,
 ) -> None:
-    """The stats block: tokens, the drafter and the K it was asked for, α,
-    tokens per target call, plain steps, forward calls, speed. `length`:
-    prompt + new tokens; `draft_n_ctx`: None without a draft model."""
+    """The stats block: tokens, the drafter and (a chain) the K it was asked
+    for, α, tokens per target call, plain steps, forward calls, speed.
+    `length`: prompt + new tokens; `draft_n_ctx`: None without a draft
+    model; `schedule`: `GammaSchedule.describe()`, None for a tree."""
     judged = sum(stats.reached_at)
     gamma = stats.gamma
     rows = [
@@ -129,7 +141,7 @@ def print_stats(
     ]
     if stats.tree is None:
         rows.append(("γ per step", describe_gammas(stats, schedule)))
-    if schedule.startswith("fixed "):
+    if schedule is None or schedule.startswith("fixed "):
         expected = expected_tokens_per_step(stats.alpha, gamma)
     else:  # K varies: the mean of E(α, K) over the steps
         expected = sum(n * expected_tokens_per_step(stats.alpha, K) for K, n in enumerate(stats.gamma_hist))
@@ -152,8 +164,15 @@ def print_stats(
         ]
     else:
         rows.append(("acceptance α", "n/a: nothing was drafted"))
-    if stats.plain_steps:
+    if stats.plain_steps and stats.tree is None:
         why = plain_step_reasons(stats, schedule=schedule, drafter=drafter, length=length, draft_n_ctx=draft_n_ctx)
+        rows.append(("plain steps", f"{count(stats.plain_steps, 'target call')} drafted nothing ({why})"))
+    elif stats.plain_steps:
+        why = (
+            f"the sequence outgrew the draft's context window of {draft_n_ctx} tokens"
+            if length > draft_n_ctx
+            else "no room to draft before the end"
+        )
         rows.append(("plain steps", f"{count(stats.plain_steps, 'target call')} drafted nothing ({why})"))
     rows += [
         ("forward calls", f"target {stats.target_calls}, draft {stats.draft_calls} (after the prompt's prefill)"),
@@ -258,6 +277,7 @@ def describe_speedup(comparison: dict) -> str:
             "run again on a quiet machine"
         )
     return text
+
 
 def print_row_block(index: int, total: int, line: int, prompt: str, text: str, stats: SpecStats, stop: str) -> None:
     """One prompt of --prompts-file: a title, the prompt and its generated

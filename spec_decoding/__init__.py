@@ -16,11 +16,11 @@ from .tree_drafting import SimulatedTreeDrafter, TreeDraft, TreeDrafter
 from .tree_loop import tree_speculative_generate
 
 __all__ = [
-    "DEFAULT_TREE",
     "AutoGamma",
     "BatchDraft",
     "BatchDrafter",
     "BatchStats",
+    "DEFAULT_TREE",
     "Draft",
     "Drafter",
     "FixedGamma",

@@ -72,11 +72,12 @@ def speculative_generate(
         draft: a small GPT-2 (wrapped in a ModelDrafter) or any drafter.
         input_ids: (1, T) prompt token ids on the target's device.
         lengths: for a batch only: each row's length in a padded tensor.
-        gamma: tokens drafted per step, a chain: an integer >= 1; "auto",
-            the K that maximises expected tokens per second at the running
+        gamma: tokens drafted per step, a chain: an integer >= 1; "auto", the
+            K that maximises expected tokens per second at the running
             acceptance rate (calibrated once per pair and machine, then
             cached: see schedule.py); "heuristic", Hugging Face's +2/-1 rule;
-            or a `GammaSchedule`. The output does not depend on it.
+            or a `GammaSchedule` (one sequence only). The output does not
+            depend on it.
         tree: a token tree instead of a chain, a TreeShape or text such as
             "3,2,1,1" (tree_loop.py); give gamma or tree, not both.
         max_new_tokens: the most tokens to add.
@@ -134,6 +135,7 @@ def speculative_generate(
         )
     check_prompt(input_ids, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
+
     schedule = make_schedule(gamma, target, drafter)
     gamma = schedule.max_gamma  # the most tokens a step drafts
 

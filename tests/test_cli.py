@@ -240,9 +240,9 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
         "draft": str(folders["draft"]), "target": str(folders["target"]),
         "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
         "drafter": str(folders["draft"]), "ngram": None, "draft_p_min": None,
-        "gamma": 4, "schedule": "fixed 4", "max_gen": 20, "temperature": 0.0, "greedy": True, "top_k": None,
-        "top_p": None, "seed": 0, "device": "cpu", "dtype": "float32", "quantize": None, "draft_quantize": None,
-        "eos_id": 50256, "tree": None,
+        "gamma": 4, "schedule": "fixed 4", "tree": None, "max_gen": 20, "temperature": 0.0, "greedy": True,
+        "top_k": None, "top_p": None, "seed": 0, "device": "cpu", "dtype": "float32", "quantize": None,
+        "draft_quantize": None, "eos_id": 50256,
     }
     stats = out["stats"]
     assert stats["new_tokens"] == 20 and stats["gamma"] == 4
@@ -623,6 +623,10 @@ def test_compare_report_says_plainly_when_the_speedups_disagree(folders, capsys)
         (["--draft", "ngram", "--draft-quantize", "int8"], "--draft-quantize is for a draft model; --draft ngram"),
         (["--draft", "ngram", "--draft-p-min", "0.3"], "--draft-p-min is for a draft model; --draft ngram"),
         (["--draft-p-min", "1.5"], "--draft-p-min must be a probability in [0, 1], got 1.5"),
+        (["--gamma", "auto", "--tree", "2,1"], "--gamma auto drafts a chain, one sequence: leave out --tree"),
+        (["--draft", "ngram", "--show-tree"], "--draft ngram drafts a chain, one sequence: leave out --tree"),
+        (["--gamma", "heuristic", "--prompts-file", "prompts.txt"],
+         "--gamma heuristic works with one --prompt, not with --prompts-file"),
         (["--max-gen", "0"], "--max-gen must be an integer >= 1, got 0"),
         (["--temperature", "-0.5"], "--temperature must be a number >= 0 (0 = greedy), got -0.5"),
         (["--temperature", "nan"], "--temperature must be a number >= 0 (0 = greedy), got nan"),
@@ -647,7 +651,8 @@ def test_compare_report_says_plainly_when_the_speedups_disagree(folders, capsys)
         (["--tree", "2,1", "--gamma", "3"], "give --gamma (a chain of drafted tokens) or a tree"),
     ],
     ids=["gamma-0", "gamma-negative", "gamma-abc", "gamma-bool", "gamma-float", "gamma-Auto", "ngram-0",
-         "ngram-without-ngram-draft", "ngram-draft-quantize", "ngram-p-min", "p-min-1.5", "max-gen-0", "negative-temperature", "nan-temperature",
+         "ngram-without-ngram-draft", "ngram-draft-quantize", "ngram-p-min", "p-min-1.5", "auto-tree", "ngram-tree",
+         "heuristic-file", "max-gen-0", "negative-temperature", "nan-temperature",
          "inf-temperature", "top-p-0", "top-p-1.5", "top-p-nan", "top-k-0", "top-k-bool", "seed-float", "empty-prompt",
          "unknown-device", "tree-0", "tree-text", "tree-empty", "tree-nodes-alone", "tree-depth-alone",
          "tree-nodes-0", "tree-too-deep", "tree-nodes-text", "tree-and-dynamic", "tree-and-gamma"],
