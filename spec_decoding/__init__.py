@@ -5,8 +5,10 @@
 from .acceptance import Verdict, residual_distribution, speculative_sampling, speculative_sampling_greedy
 from .batch import batch_speculative_generate
 from .batch_drafters import BatchDraft, BatchDrafter, SimulatedBatchDrafter
-from .drafters import Draft, ModelDrafter, SimulatedDrafter
+from .costs import StepCosts, calibrate
+from .drafters import Draft, Drafter, ModelDrafter, NgramDrafter, SimulatedDrafter
 from .loop import speculative_generate
+from .schedule import AutoGamma, FixedGamma, GammaSchedule, HeuristicGamma, best_gamma
 from .stats import BatchStats, SpecStats, expected_tokens_per_step, improvement_factor, predicted_speedup
 from .tree import DEFAULT_TREE, TokenTree, TreeShape
 from .tree_acceptance import TreeVerdict, tree_greedy, tree_sampling
@@ -14,16 +16,23 @@ from .tree_drafting import SimulatedTreeDrafter, TreeDraft, TreeDrafter
 from .tree_loop import tree_speculative_generate
 
 __all__ = [
-    "DEFAULT_TREE",
+    "AutoGamma",
     "BatchDraft",
     "BatchDrafter",
     "BatchStats",
+    "DEFAULT_TREE",
     "Draft",
+    "Drafter",
+    "FixedGamma",
+    "GammaSchedule",
+    "HeuristicGamma",
     "ModelDrafter",
+    "NgramDrafter",
     "SimulatedBatchDrafter",
     "SimulatedDrafter",
     "SimulatedTreeDrafter",
     "SpecStats",
+    "StepCosts",
     "TokenTree",
     "TreeDraft",
     "TreeDrafter",
@@ -31,6 +40,8 @@ __all__ = [
     "TreeVerdict",
     "Verdict",
     "batch_speculative_generate",
+    "best_gamma",
+    "calibrate",
     "expected_tokens_per_step",
     "improvement_factor",
     "predicted_speedup",

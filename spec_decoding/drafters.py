@@ -1,37 +1,43 @@
-"""Drafters: whatever proposes the K tokens the target then verifies.
+"""Drafters: whatever proposes the tokens the target then verifies.
 
-Legend: S = committed sequence length, K = gamma (tokens to draft), V = vocab.
+Legend: S = committed sequence length, K = tokens asked for, V = vocab.
 
-The decoding loop (loop.py) only talks to this small interface, so a drafter is
-swappable: `ModelDrafter` runs a small GPT-2 with its own KV cache;
-`SimulatedDrafter` runs that same model (its real cost) but replaces what it
-proposes, to control the acceptance rate in benchmarks.
+The decoding loop (loop.py) only talks to the `Drafter` interface, so drafters
+are swappable: `ModelDrafter` runs a small GPT-2 with its own KV cache (and can
+stop early when unsure, as llama.cpp's --draft-p-min does); `SimulatedDrafter`
+runs that model (its real cost) but sets the acceptance rate, for benchmarks;
+`NgramDrafter` runs no model and copies from the text so far (prompt lookup, as
+in vLLM, Hugging Face and llama.cpp). A drafter may propose fewer than K tokens,
+even none: the loop verifies what it got, or takes a plain target step.
 
-Cache invariant shared with the loop: a drafter's cache holds the keys and
-values of a prefix of the committed sequence (plus, right after `propose`, of
-its own drafted tokens). Before drafting it feeds the committed tokens it has
-not seen yet; after verification the loop calls `rewind(valid)` with the
-number of leading positions whose tokens are unchanged.
+`ModelDrafter`'s cache holds a prefix of the committed sequence (plus, right
+after `propose`, its own drafts): before drafting it feeds the committed tokens
+it has not seen; after verification the loop calls `rewind(valid)`.
 """
 
 from __future__ import annotations
 
+import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 
+from gpt2.generate import check_integer
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
 
 @dataclass
 class Draft:
-    """K proposed tokens.
+    """The k <= K tokens a drafter proposed.
 
     Attributes:
-        tokens: (K,) LongTensor of drafted token ids.
-        probs: (K, V) float32 draft distributions they were sampled from
-            (`logits_to_probs` of the draft's logits); None when greedy.
+        tokens: (k,) LongTensor of drafted token ids (k may be 0).
+        probs: (k, V) float32 draft distributions they were sampled from
+            (`logits_to_probs` of the draft's logits); None when greedy, and
+            None from a drafter whose proposals are not sampled (`NgramDrafter`):
+            its p_draft is then the point mass on each token (see the loop).
         forward_calls: draft model forward passes this proposal took.
     """
 
@@ -40,11 +46,58 @@ class Draft:
     forward_calls: int
 
 
-class ModelDrafter:
-    """Drafts with a (small) GPT-2, one token per forward pass."""
+class Drafter(ABC):
+    """What the decoding loop asks of a drafter.
 
-    def __init__(self, model: GPT2) -> None:
+    Attributes:
+        model: the GPT-2 it runs, whose step cost `gamma="auto"` measures;
+            None for a drafter without a model (its cost is taken as 0).
+    """
+
+    model: GPT2 | None
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int | None:
+        """Its vocabulary size, checked against the target's; None if it has
+        no vocabulary of its own (it only repeats tokens of the sequence)."""
+
+    @abstractmethod
+    def prefill(self, prefix: torch.Tensor) -> None:
+        """Starts a new sequence whose committed tokens begin with `prefix`, (1, P)."""
+
+    @abstractmethod
+    def max_draft(self, seq_len: int) -> int:
+        """The most tokens it can draft after a sequence of `seq_len` tokens."""
+
+    @abstractmethod
+    def propose(
+        self, seq: torch.Tensor, K: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Draft:
+        """At most K >= 1 tokens to follow `seq`, (1, S) committed tokens."""
+
+    @abstractmethod
+    def rewind(self, valid: int) -> None:
+        """Forgets everything past the first `valid` positions, whose tokens were committed."""
+
+
+class ModelDrafter(Drafter):
+    """Drafts with a (small) GPT-2, one token per forward pass.
+
+    With `p_min`, it stops drafting at the first position where the draft's
+    top probability (under the run's sampling filter; at temperature 1 when
+    greedy) is below p_min, as llama.cpp's --draft-p-min does: that position's
+    forward pass is spent, but no token the target would likely reject is
+    proposed. The test looks at the distribution before sampling from it, so
+    every proposed token is still an exact sample of p_draft and the
+    verification stays exact.
+    """
+
+    def __init__(self, model: GPT2, *, p_min: float | None = None) -> None:
+        if p_min is not None and not (isinstance(p_min, (int, float)) and 0.0 <= p_min <= 1.0):
+            raise ValueError(f"p_min must be a probability in [0, 1] (or None to always draft K), got {p_min!r}")
         self.model = model
+        self.p_min = p_min
         self.cache = model.new_cache(1)
 
     @property
@@ -56,41 +109,54 @@ class ModelDrafter:
         return self.model.config.n_ctx
 
     def prefill(self, prefix: torch.Tensor) -> None:
-        """Starts a new sequence: caches `prefix`, (1, P) tokens (P may be 0).
-        A prefix its window cannot hold is not cached: it could never draft
-        after it (`max_draft` is 0), and the loop takes plain target steps."""
+        """Caches `prefix`, (1, P) tokens (P may be 0). A prefix its window
+        cannot hold is not cached: it could never draft after it (`max_draft`
+        is 0), and the loop takes plain target steps."""
         self.cache.rewind(0)
         if 0 < prefix.size(1) < self.n_ctx:
             self.model(prefix, self.cache, last_logits_only=True)
 
     def max_draft(self, seq_len: int) -> int:
-        """The most tokens it can draft after a sequence of `seq_len` tokens
-        without running past its context window (it feeds positions up to
-        seq_len + K - 2)."""
+        """The most tokens it can draft without running past its context
+        window (it feeds positions up to seq_len + K - 2)."""
         return max(0, self.n_ctx - seq_len + 1)
 
     def propose(
         self, seq: torch.Tensor, K: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft:
-        """Drafts K tokens after `seq`, (1, S) committed tokens.
+        """Drafts up to K tokens after `seq`, (1, S) committed tokens.
 
         Feeds the committed tokens its cache lacks (one, or two after a fully
-        accepted draft), then its own drafts one at a time: K forward passes.
+        accepted draft), then its own drafts one at a time: K forward passes,
+        fewer if `p_min` stops it.
         """
         assert K >= 1, "propose needs K >= 1"
         feed = seq[:, self.cache.length :]  # (1, S - cached): the unseen committed tokens
         tokens, probs = [], []
         for i in range(K):
             logits = self.model(feed, self.cache, last_logits_only=True)[0, -1]  # (V,)
+            if self.p_min is not None and self.confidence(logits, sampling) < self.p_min:
+                break
             token, p = self.pick(seq.size(1) + i, logits, sampling, generator)
             tokens.append(token)
             probs.append(p)
             feed = token.view(1, 1)  # (1, 1)
+        if not tokens:  # stopped at the first position
+            no_probs = None if sampling.greedy else logits.new_empty(0, self.vocab_size)  # (0, V)
+            return Draft(tokens=seq.new_empty(0), probs=no_probs, forward_calls=1)  # (0,) tokens
         return Draft(
-            tokens=torch.stack(tokens),  # K x () -> (K,)
-            probs=None if sampling.greedy else torch.stack(probs),  # K x (V,) -> (K, V)
-            forward_calls=K,
+            tokens=torch.stack(tokens),  # k x () -> (k,)
+            probs=None if sampling.greedy else torch.stack(probs),  # k x (V,) -> (k, V)
+            forward_calls=min(len(tokens) + 1, K),  # a p_min stop spent one pass more than it drafted
         )
+
+    @staticmethod
+    def confidence(logits: torch.Tensor, sampling: SamplingConfig) -> float:
+        """The draft's top probability at a position, from its (V,) logits:
+        under the run's filter, or at temperature 1 when greedy (the greedy
+        filter is one-hot, which would always say 1)."""
+        filter_ = SamplingConfig(temperature=1.0) if sampling.greedy else sampling
+        return float(logits_to_probs(logits, filter_).max())
 
     def pick(
         self, position: int, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
@@ -141,3 +207,72 @@ class SimulatedDrafter(ModelDrafter):
         else:
             token = (right + 1) % self.vocab_size  # any token but the target's choice
         return torch.tensor(token, device=logits.device), None
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup: proposes what followed the last time the text looked
+    like it does now (Saxena 2023; vLLM's and Hugging Face's prompt lookup,
+    llama.cpp's lookup decoding).
+
+    For m = n, n - 1, ..., 1 (the longest suffix first), it looks for the
+    most recent earlier occurrence of the sequence's last m tokens in the
+    committed sequence (prompt + output) and proposes the K tokens that
+    followed it. The copy may run into the suffix itself, and then goes on
+    copying what it has just proposed: a text that repeats a period of d
+    tokens is continued with the same period. With no match for any m, it
+    proposes nothing and the loop takes a plain target step.
+
+    It has no model, no cache and no probabilities: it is cheap (a few tensor
+    comparisons), and it has no vocabulary of its own. Exactness with sampling:
+    a deterministic proposal x is a sample of the point mass p_draft = 1[x], so
+    the rule accepts it with probability min(1, p_target(x) / 1) = p_target(x)
+    and otherwise draws from norm(max(0, p_target - 1[x])), which is p_target
+    without x, renormalised: every token y ends up with probability p_target(y).
+    """
+
+    model = None
+
+    def __init__(self, n: int = 3) -> None:
+        self.n = check_integer(n, "the n-gram length n (the longest suffix to match)", 1)
+
+    @property
+    def vocab_size(self) -> None:
+        return None
+
+    def prefill(self, prefix: torch.Tensor) -> None:
+        pass  # nothing to cache: each proposal searches the sequence it is given
+
+    def max_draft(self, seq_len: int) -> int:
+        return sys.maxsize  # no context window of its own
+
+    def propose(
+        self, seq: torch.Tensor, K: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Draft:
+        """Up to K tokens copied from after the latest earlier match of the
+        longest matching suffix of `seq`, (1, S); none without a match."""
+        assert K >= 1, "propose needs K >= 1"
+        tokens = seq[0].cpu()  # (S,)
+        S = tokens.numel()
+        start = self.match(tokens)
+        if start is None:
+            return Draft(tokens=seq.new_empty(0), probs=None, forward_calls=0)  # (0,): no proposal
+        text = tokens.tolist()
+        for j in range(start, start + K):  # j < len(text): the copy may read what it just appended
+            text.append(text[j])
+        return Draft(tokens=torch.tensor(text[S:], device=seq.device), probs=None, forward_calls=0)  # (K,)
+
+    def match(self, tokens: torch.Tensor) -> int | None:
+        """Where the copy starts: the position right after the most recent
+        earlier occurrence of the longest suffix (n tokens at most) of
+        `tokens`, (S,), that occurs earlier; None if even its last token is new."""
+        S = tokens.numel()
+        for m in range(min(self.n, S - 1), 0, -1):
+            suffix = tokens[S - m :]  # (m,)
+            windows = tokens[: S - 1].unfold(0, m, 1)  # (S - m, m): the windows starting at 0 .. S - m - 1
+            hits = (windows == suffix).all(dim=1).nonzero()  # (h, 1) starts of earlier occurrences
+            if hits.numel():
+                return int(hits[-1]) + m  # the latest one
+        return None
+
+    def rewind(self, valid: int) -> None:
+        pass  # nothing cached

@@ -20,14 +20,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
-from gpt2.generate import check_eos_id, check_integer, check_max_new_tokens, check_model, check_prompt
+from gpt2.generate import check_eos_id, check_max_new_tokens, check_model, check_prompt
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs
 
 from .acceptance import speculative_sampling, speculative_sampling_greedy
 from .batch import batch_speculative_generate
-from .drafters import Draft, ModelDrafter
+from .drafters import Draft, Drafter, ModelDrafter
+from .schedule import GammaSchedule, make_schedule
 from .stats import BatchStats, SpecStats, clock
 from .tree import TreeShape
 from .tree_loop import tree_speculative_generate
@@ -36,11 +38,11 @@ from .tree_loop import tree_speculative_generate
 @torch.inference_mode()
 def speculative_generate(
     target: GPT2,
-    draft: GPT2 | ModelDrafter,
+    draft: GPT2 | Drafter,
     input_ids: torch.Tensor | Sequence[Sequence[int]],
     *,
     lengths: torch.Tensor | Sequence[int] | None = None,
-    gamma: int | None = None,
+    gamma: int | str | GammaSchedule | None = None,
     tree: TreeShape | str | None = None,
     max_new_tokens: int,
     temperature: float = 0.0,
@@ -70,7 +72,12 @@ def speculative_generate(
         draft: a small GPT-2 (wrapped in a ModelDrafter) or any drafter.
         input_ids: (1, T) prompt token ids on the target's device.
         lengths: for a batch only: each row's length in a padded tensor.
-        gamma: tokens drafted per step, >= 1: a chain.
+        gamma: tokens drafted per step, a chain: an integer >= 1; "auto", the
+            K that maximises expected tokens per second at the running
+            acceptance rate (calibrated once per pair and machine, then
+            cached: see schedule.py); "heuristic", Hugging Face's +2/-1 rule;
+            or a `GammaSchedule` (one sequence only). The output does not
+            depend on it.
         tree: a token tree instead of a chain, a TreeShape or text such as
             "3,2,1,1" (tree_loop.py); give gamma or tree, not both.
         max_new_tokens: the most tokens to add.
@@ -81,7 +88,8 @@ def speculative_generate(
             reproduces the output.
         on_step: optional callback `on_step(verdict_tokens, num_accepted)`
             called after each step with the tokens it committed (for streaming).
-        stats: optional fresh `SpecStats(gamma)` to count into, so that the
+        stats: optional fresh `SpecStats(max_gamma)` (the integer gamma, or
+            the schedule's `max_gamma`) to count into, so that the
             caller can still read the counts if the run is interrupted
             (Ctrl-C); a new one is made if None.
 
@@ -110,24 +118,26 @@ def speculative_generate(
             top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator, on_step=on_step, stats=stats,
         )
     sampling = SamplingConfig(temperature, top_k, top_p)
-    gamma = check_integer(gamma, "gamma", 1)  # tokens drafted per step
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_model(target, "target")
     if isinstance(draft, GPT2):
         draft = ModelDrafter(draft)
-    if not isinstance(draft, ModelDrafter):
+    if not isinstance(draft, Drafter):
         raise ValueError(
             f"the draft must be a loaded GPT2 model or a drafter (spec_decoding.drafters), got "
             f"{type(draft).__name__}: load it first with gpt2.load_model('gpt2')"
         )
     drafter = draft
-    if drafter.vocab_size != target.config.vocab_size:
+    if drafter.vocab_size is not None and drafter.vocab_size != target.config.vocab_size:
         raise ValueError(
             f"draft and target have different vocabularies ({drafter.vocab_size} vs "
             f"{target.config.vocab_size} tokens): pick a draft model from the target's family"
         )
     check_prompt(input_ids, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
+
+    schedule = make_schedule(gamma, target, drafter)
+    gamma = schedule.max_gamma  # the most tokens a step drafts
 
     device = input_ids.device
     T = input_ids.size(1)
@@ -147,15 +157,16 @@ def speculative_generate(
 
     while S < max_len:
         # The step emits at most K + 1 tokens: K shrinks near the end.
-        K = min(gamma, max_len - S - 1, drafter.max_draft(S))
+        K = min(schedule.choose(), max_len - S - 1, drafter.max_draft(S))
+        stats.gamma_hist[K] += 1
 
         t0 = clock(device)
         if K > 0:
             proposal = drafter.propose(seq[:, :S], K, sampling, generator)
-        else:  # no room to draft: a plain target step, verifying only the pending token
-            no_probs = None if sampling.greedy else torch.empty(0, target.config.vocab_size, device=device)  # (0, V)
-            proposal = Draft(tokens=seq.new_empty(0), probs=no_probs, forward_calls=0)  # (0,) tokens
+        else:  # nothing to draft: a plain target step, verifying only the pending token
+            proposal = Draft(tokens=seq.new_empty(0), probs=None, forward_calls=0)  # (0,) tokens
         t1 = clock(device)
+        drafted = proposal.tokens.numel()  # K, or fewer if the drafter stopped early (even 0)
 
         verify_ids = torch.cat([seq[0, S - 1 : S], proposal.tokens])  # (K + 1,): pending token + drafts
         logits = target(verify_ids[None], target_cache)[0]  # (1, K + 1) -> (K + 1, V)
@@ -163,7 +174,10 @@ def speculative_generate(
             verdict = speculative_sampling_greedy(logits, proposal.tokens)
         else:
             target_probs = logits_to_probs(logits, sampling)  # (K + 1, V)
-            verdict = speculative_sampling(target_probs, proposal.probs, proposal.tokens, generator=generator)
+            draft_probs = proposal.probs
+            if draft_probs is None:  # deterministic proposals: p_draft is the point mass on each token
+                draft_probs = F.one_hot(proposal.tokens, target.config.vocab_size).to(target_probs.dtype)  # (k, V)
+            verdict = speculative_sampling(target_probs, draft_probs, proposal.tokens, generator=generator)
         t2 = clock(device)
 
         new = verdict.tokens  # n accepted drafts + the target's token
@@ -177,7 +191,8 @@ def speculative_generate(
         S += len(new)
 
         emitted_drafts = min(verdict.num_accepted, len(new))  # fewer if an accepted draft was end-of-text
-        stats.record_step(K, emitted_drafts, target_token=len(new) > emitted_drafts)
+        stats.record_step(drafted, emitted_drafts, target_token=len(new) > emitted_drafts)
+        schedule.update(drafted, verdict.num_accepted)
         stats.draft_calls += proposal.forward_calls
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1

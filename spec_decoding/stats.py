@@ -57,7 +57,8 @@ class SpecStats:
     not, so that accepted + target_tokens = new_tokens.
 
     Attributes:
-        gamma: the requested draft length K (steps near the end may draft fewer).
+        gamma: the requested draft length K, or under a schedule
+            (schedule.py) the largest K it may ask for.
         new_tokens: tokens emitted after the prompt.
         target_calls: target forward passes after prefill, one per step.
         plain_steps: steps that drafted nothing (no room left in the draft's
@@ -69,6 +70,9 @@ class SpecStats:
             tokens), one per step unless the step ended at end-of-text.
         accepted_hist: accepted_hist[n] = steps that accepted exactly n drafted
             tokens, n = 0..gamma.
+        gamma_hist: gamma_hist[K] = steps that asked the drafter for K tokens,
+            K = 0..gamma (the schedule's choice, lowered near the end of the
+            budget or of the draft's window; a drafter may propose fewer).
         reached_at, accepted_at: for draft position i = 1..gamma (index i - 1),
             steps whose verification judged position i (every earlier draft
             accepted) and steps that accepted it.
@@ -92,6 +96,7 @@ class SpecStats:
     accepted: int = 0
     target_tokens: int = 0
     accepted_hist: list[int] = field(default_factory=list)
+    gamma_hist: list[int] = field(default_factory=list)
     reached_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
@@ -105,6 +110,8 @@ class SpecStats:
             self.accepted_hist = [0] * (self.gamma + 1)
             self.reached_at = [0] * self.gamma
             self.accepted_at = [0] * self.gamma
+        if not self.gamma_hist:
+            self.gamma_hist = [0] * (self.gamma + 1)
 
     def record_step(self, drafted: int, accepted: int, target_token: bool) -> None:
         """Counts one step that drafted `drafted` tokens and emitted the first

@@ -1,0 +1,202 @@
+"""What a step of speculative decoding costs on this machine: t_d and t_v(k).
+
+Legend: K = tokens drafted in a step, k = tokens in one target pass.
+
+A step that drafts K tokens costs K t_d + t_v(K + 1): K draft forward passes
+of one token, then one target pass over the pending token and the K drafts
+(Leviathan et al. 2023, section 3, with the verification at its measured
+cost; on a CPU t_v(k) grows with k). `gamma="auto"` (schedule.py) weighs the
+tokens a step is expected to emit against this cost. `calibrate` measures both
+once, in a few seconds, and keeps them in a JSON file under the C kernels'
+cache folder, keyed by the machine, the models' shapes, device, dtype and
+which forward path each model takes (fast or readable, float32 or int8).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from gpt2 import fast
+from gpt2.fast import build
+from gpt2.model import GPT2
+
+# Target passes of k tokens are timed for k in this grid (and K + 1), the rest
+# interpolated: t_v(k) is close to linear in k between these points.
+VERIFY_GRID = (1, 2, 3, 5, 9, 13, 17, 33)
+CONTEXT = 64  # tokens in the KV caches while timing (the attention term is small at any length)
+ROUNDS = 5  # each kind of pass is timed once per round; the median over rounds is kept
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds of the two kinds of work in a speculative step.
+
+    Attributes:
+        t_draft: one draft forward pass of one token, on a KV cache (0 for a
+            drafter without a model, such as prompt lookup).
+        t_verify: t_verify[k - 1] = one target pass over k tokens on a KV
+            cache, k = 1 .. len(t_verify); t_verify[0] is a plain decode step.
+    """
+
+    t_draft: float
+    t_verify: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.t_verify or self.t_draft < 0 or min(self.t_verify) <= 0:
+            raise ValueError(f"step costs need t_draft >= 0 and positive t_verify times, got {self}")
+        object.__setattr__(self, "t_verify", tuple(float(t) for t in self.t_verify))
+
+    @property
+    def max_tokens(self) -> int:
+        """The largest pass it has a cost for: K + 1 for K = max_tokens - 1."""
+        return len(self.t_verify)
+
+    def step_seconds(self, K: int) -> float:
+        """K t_d + t_v(K + 1): drafting K tokens and verifying them."""
+        assert 0 <= K < self.max_tokens, f"no verification cost for K = {K} (up to {self.max_tokens - 1})"
+        return K * self.t_draft + self.t_verify[K]
+
+
+def interpolate(points: dict[int, float], max_tokens: int) -> tuple[float, ...]:
+    """t_v(k) for k = 1 .. max_tokens from its values at a few k (which must
+    include 1 and max_tokens): linear between them, then made non-decreasing
+    (a pass over more tokens never costs less; a lower figure is noise)."""
+    ks = sorted(points)
+    assert ks[0] == 1 and ks[-1] == max_tokens, ks
+    values = []
+    for k in range(1, max_tokens + 1):
+        hi = next(j for j in ks if j >= k)
+        lo = max(j for j in ks if j <= k)
+        w = 0.0 if hi == lo else (k - lo) / (hi - lo)
+        values.append((1 - w) * points[lo] + w * points[hi])
+    for i in range(1, len(values)):
+        values[i] = max(values[i], values[i - 1])
+    return tuple(values)
+
+
+@torch.inference_mode()
+def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = ROUNDS) -> StepCosts:
+    """Times t_d and t_v(k), k = 1 .. max_tokens, now: in `rounds` rounds that
+    each time one pass of every kind (so a slow phase of a shared machine hits
+    every kind alike), after one untimed warm-up round. Medians over rounds."""
+    from .loop import clock  # here, not at the top: loop.py imports this module
+
+    grid = sorted({k for k in VERIFY_GRID if k < max_tokens} | {max_tokens})
+    device = target.device
+    models = {"target": target} if draft is None else {"target": target, "draft": draft}
+    caches, lengths = {}, {}
+    for name, model in models.items():
+        lengths[name] = min(CONTEXT, model.config.n_ctx - max_tokens)  # room left for the timed passes
+        if lengths[name] < 1:
+            raise ValueError(
+                f"the {name}'s context window ({model.config.n_ctx} tokens) is too short to time passes of "
+                f"{max_tokens} tokens: ask for a smaller largest gamma"
+            )
+        caches[name] = model.new_cache(1)
+        context = torch.arange(lengths[name], device=device)[None] % model.config.vocab_size  # (1, length)
+        model(context, caches[name], last_logits_only=True)
+    passes = [("target", k) for k in grid] + ([("draft", 1)] if draft is not None else [])
+    seconds: dict[tuple[str, int], list[float]] = {p: [] for p in passes}
+    for round_ in range(rounds + 1):
+        for name, k in passes:
+            tokens = torch.arange(k, device=device)[None]  # (1, k)
+            t0 = clock(device)
+            models[name](tokens, caches[name])  # every position's logits, as a verification computes them
+            t1 = clock(device)
+            caches[name].rewind(lengths[name])
+            if round_ > 0:  # round 0 warms up
+                seconds[(name, k)].append(t1 - t0)
+    t_verify = interpolate({k: statistics.median(seconds[("target", k)]) for k in grid}, max_tokens)
+    t_draft = statistics.median(seconds[("draft", 1)]) if draft is not None else 0.0
+    return StepCosts(t_draft=t_draft, t_verify=t_verify)
+
+
+def default_cache_dir() -> Path:
+    """Where calibrations are kept: step-costs/ in the C kernels' cache folder
+    (GPT2_KERNEL_CACHE, else ~/.cache/gpt2-speculative)."""
+    return build.cache_dir() / "step-costs"
+
+
+def calibration_key(target: GPT2, draft: GPT2 | None, max_tokens: int) -> dict:
+    """Everything a calibration depends on: the machine, the thread count,
+    the models' shapes, device and dtype, and the path each forward pass takes."""
+
+    def describe(model: GPT2 | None) -> dict | None:
+        if model is None:
+            return None
+        return {
+            "config": asdict(model.config),
+            "device": str(model.device),
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "path": fast.status(model),  # fast or readable, float32 or int8 weights, which kernel build
+        }
+
+    return {
+        "machine": machine_name(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "target": describe(target),
+        "draft": describe(draft),
+        "max_tokens": max_tokens,
+        "grid": list(VERIFY_GRID),
+        "context": CONTEXT,
+        "rounds": ROUNDS,
+    }
+
+
+def machine_name() -> str:
+    """The CPU's model name (and the GPU's where CUDA is present)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        cpu += " + " + ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    return cpu
+
+
+def calibrate(
+    target: GPT2, draft: GPT2 | None, max_tokens: int, *, cache_dir: Path | None = None, refresh: bool = False
+) -> StepCosts:
+    """t_d and t_v(1 .. max_tokens) for this pair on this machine: read from
+    the cache folder if measured before, else measured now (`measure`) and
+    stored there (a folder that cannot be written is skipped silently).
+
+    Args:
+        target: the target model.
+        draft: the draft model, or None for a drafter without one (t_d = 0).
+        max_tokens: the largest target pass needed, K + 1 for the largest K.
+        cache_dir: default `default_cache_dir()`.
+        refresh: measure again even if a calibration is stored.
+    """
+    key = calibration_key(target, draft, max_tokens)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = (cache_dir or default_cache_dir()) / f"step-costs-{digest}.json"
+    if not refresh and path.is_file():
+        try:
+            stored = json.loads(path.read_text())
+            return StepCosts(t_draft=stored["t_draft"], t_verify=tuple(stored["t_verify"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable or from an older format: measure again
+    costs = measure(target, draft, max_tokens)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"key": key, **asdict(costs)}, indent=1))
+        partial.replace(path)  # atomic: another process never reads half a file
+    except OSError:
+        pass
+    return costs

@@ -1,0 +1,191 @@
+"""γ schedules: how many tokens to draft in the next step.
+
+Legend: K = tokens drafted in a step (γ), α = acceptance rate, α̂ = its estimate.
+
+- `FixedGamma`: K = γ every step (Leviathan et al. 2023).
+- `AutoGamma`: the K that maximises the expected tokens per second,
+  E(α̂, K) / (K t_d + t_v(K + 1)), with E from Leviathan et al. 2023, eq. 1,
+  the costs measured on this machine (costs.py) and α̂ a running estimate.
+  K = 0, a plain target step, is chosen when drafting cannot pay.
+- `HeuristicGamma`: Hugging Face's `num_assistant_tokens_schedule="heuristic"`,
+  K + 2 after a step that accepted every draft, K - 1 otherwise.
+
+A schedule only chooses K from what is already committed, never from the
+step it chooses for, so the output is the same for every schedule: greedy
+identical to the target's, sampling exactly the target's distribution.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+
+from gpt2.generate import check_integer
+from gpt2.model import GPT2
+
+from .costs import StepCosts, calibrate
+from .drafters import Drafter
+from .stats import expected_tokens_per_step
+
+DEFAULT_MAX_GAMMA = 12  # the largest K of the adaptive schedules
+
+
+class GammaSchedule(ABC):
+    """Chooses K before each step, and learns from the step's outcome.
+
+    A schedule keeps its state across `speculative_generate` calls when the
+    same object is passed again (its α̂ carries over); `gamma="auto"` makes a
+    fresh one per call.
+
+    Attributes:
+        max_gamma: the largest K it ever chooses (sizes the run's SpecStats).
+    """
+
+    max_gamma: int
+
+    @abstractmethod
+    def choose(self) -> int:
+        """K for the next step, 0 <= K <= max_gamma (the loop may still
+        lower it near the end of the budget or of the draft's window)."""
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """The outcome of a step: `drafted` tokens proposed, the first
+        `accepted` of them accepted by the target."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """A short name for reports, e.g. 'auto' or 'fixed 4'."""
+
+
+class FixedGamma(GammaSchedule):
+    """K = gamma every step."""
+
+    def __init__(self, gamma: int) -> None:
+        self.max_gamma = check_integer(gamma, "gamma", 1)
+
+    def choose(self) -> int:
+        return self.max_gamma
+
+    def describe(self) -> str:
+        return f"fixed {self.max_gamma}"
+
+
+def expected_rate(alpha: float, K: int, costs: StepCosts) -> float:
+    """E(α, K) / (K t_d + t_v(K + 1)): expected tokens per second of steps
+    that draft K tokens (K = 0: one token per plain step)."""
+    return expected_tokens_per_step(alpha, K) / costs.step_seconds(K)
+
+
+def best_gamma(alpha: float, costs: StepCosts, max_gamma: int) -> int:
+    """argmax over K = 0 .. max_gamma of `expected_rate` (the smallest K on a tie)."""
+    return max(range(max_gamma + 1), key=lambda K: (expected_rate(alpha, K, costs), -K))
+
+
+class AutoGamma(GammaSchedule):
+    """Drafts the K that maximises expected tokens per second (`best_gamma`)
+    at the current estimate α̂.
+
+    α̂ = (accepted + prior_alpha * prior_weight) / (judged + prior_weight),
+    where accepted and judged (drafts the verification reached: the accepted
+    ones and the first rejected one) are summed over the last `window` steps.
+    The prior is worth `prior_weight` judged drafts, so it decides the first
+    step and fades as soon as drafts are judged. Plain steps judge nothing but
+    still enter the window: after `window` of them α̂ is back at the prior, and
+    if that makes drafting pay, drafting is tried again (a step that stopped
+    drafting because α̂ fell is not final).
+
+    Args:
+        costs: t_d and t_v(k) for k up to max_gamma + 1 (`costs.calibrate`).
+        max_gamma: the largest K considered.
+        prior_alpha, prior_weight, window: as above.
+    """
+
+    def __init__(
+        self,
+        costs: StepCosts,
+        *,
+        max_gamma: int = DEFAULT_MAX_GAMMA,
+        prior_alpha: float = 0.6,
+        prior_weight: float = 4.0,
+        window: int = 32,
+    ) -> None:
+        self.max_gamma = check_integer(max_gamma, "max_gamma", 1)
+        if costs.max_tokens < self.max_gamma + 1:
+            raise ValueError(
+                f"the step costs cover target passes of up to {costs.max_tokens} tokens; max_gamma {max_gamma} "
+                f"needs {self.max_gamma + 1}: calibrate with max_tokens={self.max_gamma + 1}"
+            )
+        if not 0.0 <= prior_alpha <= 1.0 or prior_weight <= 0:
+            raise ValueError(
+                f"the prior needs 0 <= prior_alpha <= 1 and prior_weight > 0, got {prior_alpha}, {prior_weight}"
+            )
+        self.costs = costs
+        self.prior_alpha = prior_alpha
+        self.prior_weight = prior_weight
+        self.outcomes: deque[tuple[int, int]] = deque(maxlen=check_integer(window, "window", 1))  # (accepted, judged)
+
+    @property
+    def alpha_estimate(self) -> float:
+        """α̂ over the window, with the prior."""
+        accepted = sum(a for a, _ in self.outcomes)
+        judged = sum(j for _, j in self.outcomes)
+        return (accepted + self.prior_alpha * self.prior_weight) / (judged + self.prior_weight)
+
+    def choose(self) -> int:
+        return best_gamma(self.alpha_estimate, self.costs, self.max_gamma)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        judged = min(accepted + 1, drafted)  # the accepted drafts and the first rejected one
+        self.outcomes.append((accepted, judged))
+
+    def describe(self) -> str:
+        return "auto"
+
+
+class HeuristicGamma(GammaSchedule):
+    """Hugging Face's +2/-1 rule (transformers' AssistedCandidateGenerator
+    with num_assistant_tokens_schedule="heuristic"): K grows by 2 after a
+    step whose drafts were all accepted and shrinks by 1 (not below 1)
+    otherwise; here it is also capped at max_gamma. A step that drafted
+    nothing changes nothing."""
+
+    def __init__(self, *, initial: int = 5, max_gamma: int = DEFAULT_MAX_GAMMA) -> None:
+        self.max_gamma = check_integer(max_gamma, "max_gamma", 1)
+        self.K = min(check_integer(initial, "initial", 1), self.max_gamma)
+
+    def choose(self) -> int:
+        return self.K
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.K = min(self.K + 2, self.max_gamma) if accepted == drafted else max(self.K - 1, 1)
+
+    def describe(self) -> str:
+        return "heuristic (+2/-1)"
+
+
+SCHEDULE_NAMES = ("auto", "heuristic")
+
+
+def make_schedule(gamma: int | str | GammaSchedule, target: GPT2, drafter: Drafter) -> GammaSchedule:
+    """The schedule `speculative_generate(gamma=...)` asks for: a positive
+    integer (fixed), "auto" (`AutoGamma`, with the costs of this pair on this
+    machine, calibrated once and cached), "heuristic" (`HeuristicGamma`), or a
+    schedule object, used as it is.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(gamma, GammaSchedule):
+        return gamma
+    if isinstance(gamma, str):
+        if gamma == "auto":
+            return AutoGamma(calibrate(target, drafter.model, DEFAULT_MAX_GAMMA + 1))
+        if gamma == "heuristic":
+            return HeuristicGamma()
+        raise ValueError(f"gamma must be an integer >= 1, 'auto' or 'heuristic', got {gamma!r}")
+    try:
+        return FixedGamma(gamma)
+    except ValueError:
+        raise ValueError(f"gamma must be an integer >= 1, 'auto' or 'heuristic', got {gamma!r}") from None
