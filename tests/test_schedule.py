@@ -1,0 +1,237 @@
+"""γ schedules (spec_decoding/schedule.py) and the step costs they weigh (costs.py).
+
+`AutoGamma` drafts the K that maximises E(α̂, K) / (K t_d + t_v(K + 1)). Here
+its choice is checked against the formula written out independently (a sum
+of powers instead of eq. 1's closed form) over a grid of α and costs, on
+golden cases worked by hand, including K = 0 where drafting cannot pay; then
+how α̂ moves (prior, window, return to the prior after plain steps), the +2/-1
+heuristic, and the calibration cache. Whether the output depends on the
+schedule (it must not) is tested in test_drafting.py and test_drafting_lossless.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import spec_decoding.costs
+from gpt2 import GPT2Config
+from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, StepCosts, best_gamma, calibrate
+from spec_decoding.costs import interpolate
+from spec_decoding.drafters import ModelDrafter, NgramDrafter
+from spec_decoding.schedule import expected_rate, make_schedule
+from helpers import tiny_gpt2
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def linear_costs(t_draft: float, t_step: float, slope: float, max_tokens: int = 13) -> StepCosts:
+    """t_v(k) = t_step + slope (k - 1): a verification pass that grows with k, as on a CPU."""
+    return StepCosts(t_draft=t_draft, t_verify=tuple(t_step + slope * (k - 1) for k in range(1, max_tokens + 1)))
+
+
+def rates_by_hand(alpha: float, costs: StepCosts, max_gamma: int) -> list[float]:
+    """(1 + α + ... + α^K) / (K t_d + t_v(K + 1)) for K = 0 .. max_gamma."""
+    return [sum(alpha**i for i in range(K + 1)) / (K * costs.t_draft + costs.t_verify[K]) for K in range(max_gamma + 1)]
+
+
+# ---------------------------------------------------------------------------
+# The choice: the argmax of the formula
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t_draft", [0.0, 0.02, 0.1, 0.3, 1.0])
+@pytest.mark.parametrize("slope", [0.0, 0.05, 0.2])
+def test_auto_picks_the_argmax_of_the_formula(t_draft, slope):
+    costs = linear_costs(t_draft, 1.0, slope)
+    for alpha in [0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0]:
+        rates = rates_by_hand(alpha, costs, 12)
+        K = best_gamma(alpha, costs, 12)
+        assert rates[K] == pytest.approx(max(rates), rel=1e-12), (alpha, t_draft, slope)
+        # Where the best K wins by a visible margin, it is that K (not a near-tie broken by rounding).
+        runner_up = max(r for k, r in enumerate(rates) if k != rates.index(max(rates)))
+        if max(rates) > runner_up * (1 + 1e-9):
+            assert K == rates.index(max(rates)), (alpha, t_draft, slope)
+        # AutoGamma with no outcomes yet decides at its prior.
+        assert AutoGamma(costs, prior_alpha=alpha).choose() == K
+
+
+# Worked by hand (t_v(k) = 1 + 0.05 (k - 1), t_d = 0.1 unless stated):
+#   α = 0.8: K = 4 gives 3.3616 / 1.6 = 2.101, K = 5: 3.6893 / 1.75 = 2.108,
+#            K = 6: 3.9514 / 1.9 = 2.080  -> K = 5.
+#   α = 0.5: K = 1: 1.5 / 1.15 = 1.304, K = 2: 1.75 / 1.3 = 1.346, K = 3: 1.875 / 1.45 = 1.293 -> K = 2.
+#   α = 0.1: K = 0: 1 / 1 = 1, K = 1: 1.1 / 1.15 = 0.957 -> K = 0, a plain step.
+#   α = 0.5, t_d = 0.6: K = 1: 1.5 / 1.65 = 0.909 < 1 -> K = 0.
+#   α = 1, t_d = 0, no slope: every draft is free and accepted -> the largest K.
+GOLDEN = [
+    (0.8, 0.1, 0.05, 5),
+    (0.5, 0.1, 0.05, 2),
+    (0.1, 0.1, 0.05, 0),
+    (0.5, 0.6, 0.05, 0),
+    (1.0, 0.0, 0.0, 12),
+]
+
+
+@pytest.mark.parametrize("alpha, t_draft, slope, K", GOLDEN)
+def test_auto_choice_golden_values(alpha, t_draft, slope, K):
+    costs = linear_costs(t_draft, 1.0, slope)
+    assert best_gamma(alpha, costs, 12) == K
+    assert expected_rate(alpha, K, costs) >= max(expected_rate(alpha, k, costs) for k in range(13))
+
+
+def test_auto_takes_plain_steps_when_drafting_cannot_pay():
+    # A draft step as dear as a target step: even at α = 0.5 no K > 0 pays for itself.
+    costs = linear_costs(1.0, 1.0, 0.05)
+    assert best_gamma(0.5, costs, 12) == 0
+    assert all(expected_rate(0.5, K, costs) < expected_rate(0.5, 0, costs) for K in range(1, 13))
+
+
+# ---------------------------------------------------------------------------
+# The running estimate α̂: prior, window, return to the prior
+# ---------------------------------------------------------------------------
+
+
+def test_alpha_estimate_is_the_window_plus_the_prior():
+    schedule = AutoGamma(linear_costs(0.1, 1.0, 0.05), prior_alpha=0.6, prior_weight=4, window=3)
+    assert schedule.alpha_estimate == pytest.approx(0.6)
+    schedule.update(drafted=4, accepted=4)  # judged 4, accepted 4
+    assert schedule.alpha_estimate == pytest.approx((4 + 2.4) / (4 + 4))
+    schedule.update(drafted=4, accepted=1)  # judged 2 (the accepted one and the first rejected one)
+    assert schedule.alpha_estimate == pytest.approx((5 + 2.4) / (6 + 4))
+    schedule.update(drafted=0, accepted=0)  # a plain step judges nothing
+    schedule.update(drafted=3, accepted=0)  # judged 1; the window of 3 steps drops the first
+    assert schedule.alpha_estimate == pytest.approx((1 + 2.4) / (3 + 4))
+
+
+def test_auto_follows_the_acceptance_rate_and_comes_back_after_plain_steps():
+    schedule = AutoGamma(linear_costs(0.3, 1.0, 0.05), window=8)
+    at_prior = best_gamma(0.6, schedule.costs, 12)
+    assert schedule.choose() == at_prior == 1  # the prior decides the first step
+    for _ in range(8):
+        schedule.update(drafted=schedule.choose(), accepted=schedule.choose())  # everything accepted
+    assert schedule.alpha_estimate > 0.9 and schedule.choose() == best_gamma(schedule.alpha_estimate, schedule.costs, 12) > 5
+    for _ in range(8):
+        schedule.update(drafted=max(schedule.choose(), 1), accepted=0)  # nothing accepted
+    assert schedule.choose() == 0
+    # Plain steps judge nothing but push the rejections out of the window: α̂
+    # climbs back to the prior, and drafting resumes within `window` steps.
+    plain_steps = 0
+    while schedule.choose() == 0:
+        schedule.update(drafted=0, accepted=0)
+        plain_steps += 1
+    assert 1 <= plain_steps <= 8
+    for _ in range(8):
+        schedule.update(drafted=0, accepted=0)
+    assert schedule.alpha_estimate == pytest.approx(0.6) and schedule.choose() == at_prior
+
+
+def test_auto_refuses_costs_that_do_not_cover_its_largest_gamma():
+    with pytest.raises(ValueError, match="calibrate with max_tokens=13"):
+        AutoGamma(linear_costs(0.1, 1.0, 0.05, max_tokens=5), max_gamma=12)
+    with pytest.raises(ValueError, match="prior_alpha"):
+        AutoGamma(linear_costs(0.1, 1.0, 0.05), prior_alpha=1.5)
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face's +2/-1 heuristic, and the fixed schedule
+# ---------------------------------------------------------------------------
+
+
+def test_heuristic_adds_two_after_a_full_acceptance_and_takes_one_otherwise():
+    schedule = HeuristicGamma(initial=5, max_gamma=10)
+    seen = [schedule.choose()]
+    for drafted, accepted in [(5, 5), (7, 7), (9, 2), (8, 8), (10, 10), (10, 0), (9, 9), (0, 0)]:
+        schedule.update(drafted, accepted)
+        seen.append(schedule.choose())
+    # 5 -> 7 -> 9 -> 8 -> 10 -> 10 (capped) -> 9 -> 10 (capped) -> 10 (nothing drafted: unchanged)
+    assert seen == [5, 7, 9, 8, 10, 10, 9, 10, 10]
+    for _ in range(20):
+        schedule.update(1, 0)
+    assert schedule.choose() == 1  # never below 1
+
+
+def test_fixed_schedule_and_the_names_gamma_accepts():
+    drafter = NgramDrafter()
+    target = tiny_gpt2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=32, vocab_size=16), seed=0)
+    assert FixedGamma(4).choose() == 4 and FixedGamma(4).max_gamma == 4
+    assert make_schedule(3, target, drafter).describe() == "fixed 3"
+    assert make_schedule("heuristic", target, drafter).describe() == "heuristic (+2/-1)"
+    schedule = HeuristicGamma(initial=2)
+    assert make_schedule(schedule, target, drafter) is schedule
+
+
+@pytest.mark.parametrize("gamma", [0, -1, 2.5, True, "fast", "4", "Auto", None])
+def test_bad_gamma_values_say_what_is_allowed(gamma):
+    target = tiny_gpt2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=32, vocab_size=16), seed=0)
+    with pytest.raises(ValueError, match="gamma must be an integer >= 1, 'auto' or 'heuristic'"):
+        make_schedule(gamma, target, NgramDrafter())
+
+
+# ---------------------------------------------------------------------------
+# Step costs: interpolation and the calibration cache
+# ---------------------------------------------------------------------------
+
+
+def test_interpolation_is_linear_between_the_timed_points_and_never_decreases():
+    assert interpolate({1: 1.0, 3: 2.0, 5: 1.5}, 5) == (1.0, 1.5, 2.0, 2.0, 2.0)
+    assert interpolate({1: 1.0, 5: 3.0}, 5) == (1.0, 1.5, 2.0, 2.5, 3.0)
+
+
+def test_step_costs_refuse_nonsense():
+    with pytest.raises(ValueError, match="positive t_verify"):
+        StepCosts(t_draft=0.1, t_verify=(1.0, 0.0))
+    with pytest.raises(ValueError, match="t_draft >= 0"):
+        StepCosts(t_draft=-1.0, t_verify=(1.0,))
+
+
+CONFIG = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=32)
+
+
+def test_calibration_is_measured_once_then_read_from_disk(tmp_path, monkeypatch):
+    target, draft = tiny_gpt2(CONFIG, seed=0), tiny_gpt2(CONFIG, seed=1)
+    costs = calibrate(target, draft, 13, cache_dir=tmp_path)
+    assert costs.max_tokens == 13 and costs.t_draft > 0
+    assert all(a <= b for a, b in zip(costs.t_verify, costs.t_verify[1:]))
+    (stored,) = tmp_path.glob("step-costs-*.json")
+    record = json.loads(stored.read_text())
+    assert record["key"]["target"]["config"]["n_embd"] == 16 and record["key"]["draft"]["dtype"] == "float32"
+    assert record["key"]["machine"] and record["key"]["threads"] == 1
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("the stored calibration should have been read")
+
+    monkeypatch.setattr(spec_decoding.costs, "measure", no_measuring)
+    assert calibrate(target, draft, 13, cache_dir=tmp_path) == costs
+    # Another draft shape, no draft at all (prompt lookup), or another largest pass: a new calibration.
+    monkeypatch.undo()
+    other = tiny_gpt2(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_ctx=64, vocab_size=32), seed=1)
+    calibrate(target, other, 13, cache_dir=tmp_path)
+    no_draft = calibrate(target, None, 13, cache_dir=tmp_path)
+    assert no_draft.t_draft == 0.0
+    assert len(list(tmp_path.glob("step-costs-*.json"))) == 3
+
+
+def test_the_calibration_key_names_the_forward_path(tmp_path, fast_kernels):
+    from gpt2 import fast
+
+    target, draft = tiny_gpt2(CONFIG, seed=0), tiny_gpt2(CONFIG, seed=1)
+    readable = spec_decoding.costs.calibration_key(target, draft, 13)
+    fast.accelerate(draft, int8=True)
+    quantised = spec_decoding.costs.calibration_key(target, draft, 13)
+    assert "int8 weights" in quantised["draft"]["path"] and readable["draft"]["path"] != quantised["draft"]["path"]
+    assert readable["target"] == quantised["target"]
+
+
+def test_gamma_auto_calibrates_once_per_pair(tmp_path, monkeypatch):
+    from spec_decoding import speculative_generate
+
+    monkeypatch.setattr(spec_decoding.costs, "default_cache_dir", lambda: tmp_path)
+    target, draft = tiny_gpt2(CONFIG, seed=0), tiny_gpt2(CONFIG, seed=1)
+    ids = torch.tensor([[1, 2, 3]])
+    out, stats = speculative_generate(target, ModelDrafter(draft), ids, gamma="auto", max_new_tokens=10)
+    assert stats.gamma == 12 and sum(stats.gamma_hist) == stats.target_calls
+    assert len(list(tmp_path.glob("step-costs-*.json"))) == 1
+    speculative_generate(target, draft, ids, gamma="auto", max_new_tokens=10)
+    assert len(list(tmp_path.glob("step-costs-*.json"))) == 1
