@@ -113,7 +113,8 @@ def sampled_counts(target, make_drafter, prompt: list[int], runs: int, gamma, se
     return counts, total, no_proposal
 
 
-def check(counts, probs, runs) -> tuple[float, float, int]:
+def check(counts, probs) -> tuple[float, float, int]:
+    """Pearson's statistic, the 0.999 quantile it is held to, and the degrees of freedom."""
     statistic, df = chi_square(counts, probs)
     return statistic, chi_square_quantile_0999(df), df
 
@@ -131,7 +132,7 @@ NGRAM_PROMPT = [2, 4, 5, 1, 2]
 def test_auto_gamma_with_p_min_is_exact(target, draft):
     schedule = RecordingAutoGamma()  # one object for every run: α̂ and K move throughout
     counts, total, _ = sampled_counts(target, lambda: ModelDrafter(draft, p_min=P_MIN), AUTO_PROMPT, RUNS, schedule)
-    statistic, threshold, df = check(counts, exact_distribution(target, AUTO_PROMPT), RUNS)
+    statistic, threshold, df = check(counts, exact_distribution(target, AUTO_PROMPT))
     # Measured (seed 0): 250.7 < 307.8 (df 235).
     assert statistic < threshold, f"chi-square {statistic:.1f} >= {threshold:.1f} (df {df})"
     # K really varied, plain steps included, and p_min cut drafts short.
@@ -142,7 +143,7 @@ def test_auto_gamma_with_p_min_is_exact(target, draft):
 
 def test_ngram_point_masses_are_exact(target):
     counts, total, no_proposal = sampled_counts(target, NgramDrafter, NGRAM_PROMPT, RUNS, 2)
-    statistic, threshold, df = check(counts, exact_distribution(target, NGRAM_PROMPT), RUNS)
+    statistic, threshold, df = check(counts, exact_distribution(target, NGRAM_PROMPT))
     # Measured (seed 0): 273.3 < 326.0 (df 251).
     assert statistic < threshold, f"chi-square {statistic:.1f} >= {threshold:.1f} (df {df})"
     # Every branch: the first step's copy rejected, half accepted, all accepted; and steps with no proposal.
@@ -154,7 +155,7 @@ def test_int8_draft_is_exact_for_the_float32_target(target, draft):
     int8_draft = perturbed_copy(draft, scale=0.0, seed=0)
     quantize_model_int8(int8_draft)
     counts, total, _ = sampled_counts(target, lambda: ModelDrafter(int8_draft), AUTO_PROMPT, INT8_RUNS, 2)
-    statistic, threshold, df = check(counts, exact_distribution(target, AUTO_PROMPT), INT8_RUNS)
+    statistic, threshold, df = check(counts, exact_distribution(target, AUTO_PROMPT))
     # Measured (seed 0): 171.0 < 225.7 (df 164).
     assert statistic < threshold, f"chi-square {statistic:.1f} >= {threshold:.1f} (df {df})"
     assert min(total.accepted_hist) >= 0.1 * INT8_RUNS, total.accepted_hist
@@ -198,7 +199,7 @@ def test_the_check_fails_for_p_min_tested_after_sampling(target, draft):
     counts, _, _ = sampled_counts(
         target, lambda: SampleThenTestDrafter(draft, p_min=P_MIN), AUTO_PROMPT, WRONG_RUNS, schedule
     )
-    statistic, threshold, df = check(counts, exact_distribution(target, AUTO_PROMPT), WRONG_RUNS)
+    statistic, threshold, df = check(counts, exact_distribution(target, AUTO_PROMPT))
     # Measured (seed 0): 303.4 > 119.9 (df 76).
     assert statistic > threshold, f"chi-square {statistic:.1f} < {threshold:.1f} (df {df}): wrong rule undetected"
 
@@ -214,6 +215,6 @@ def test_the_check_fails_for_a_correction_from_p_target(target, draft, monkeypat
         quantize_model_int8(int8_draft)
         counts, _, _ = sampled_counts(target, lambda: ModelDrafter(int8_draft), AUTO_PROMPT, WRONG_RUNS, 2)
         probs = exact_distribution(target, AUTO_PROMPT)
-    statistic, threshold, df = check(counts, probs, WRONG_RUNS)
+    statistic, threshold, df = check(counts, probs)
     # Measured (seed 0): n-gram 1068.4 > 132.3 (df 86); int8 draft 359.8 > 119.9 (df 76).
     assert statistic > threshold, f"chi-square {statistic:.1f} < {threshold:.1f} (df {df}): wrong rule undetected"
