@@ -28,6 +28,8 @@ from gpt2 import fast
 from gpt2.fast import build
 from gpt2.model import GPT2
 
+from .stats import clock
+
 # Target passes of k tokens are timed for k in this grid (and K + 1), the rest
 # interpolated: t_v(k) is close to linear in k between these points.
 VERIFY_GRID = (1, 2, 3, 5, 9, 13, 17, 33)
@@ -87,8 +89,6 @@ def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = 
     """Times t_d and t_v(k), k = 1 .. max_tokens, now: in `rounds` rounds that
     each time one pass of every kind (so a slow phase of a shared machine hits
     every kind alike), after one untimed warm-up round. Medians over rounds."""
-    from .loop import clock  # here, not at the top: loop.py imports this module
-
     grid = sorted({k for k in VERIFY_GRID if k < max_tokens} | {max_tokens})
     device = target.device
     models = {"target": target} if draft is None else {"target": target, "draft": draft}
