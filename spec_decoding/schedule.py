@@ -146,8 +146,9 @@ class HeuristicGamma(GammaSchedule):
     """Hugging Face's +2/-1 rule (transformers' AssistedCandidateGenerator
     with num_assistant_tokens_schedule="heuristic"): K grows by 2 after a
     step whose drafts were all accepted and shrinks by 1 (not below 1)
-    otherwise; here it is also capped at max_gamma. A step that drafted
-    nothing changes nothing."""
+    otherwise; here it is also capped at max_gamma. It starts at 5, the
+    default of transformers' num_assistant_tokens while this schedule was
+    its default. A step that drafted nothing changes nothing."""
 
     def __init__(self, *, initial: int = 5, max_gamma: int = DEFAULT_MAX_GAMMA) -> None:
         self.max_gamma = check_integer(max_gamma, "max_gamma", 1)

@@ -1,0 +1,396 @@
+"""Smarter and cheaper drafting, measured side by side: `gamma="auto"` against
+fixed γ and Hugging Face's +2/-1 heuristic, a draft-only int8 draft, prompt
+lookup (`NgramDrafter`), and llama.cpp's p_min early stop.
+
+Parts (--parts, all by default):
+
+- simulated: the target (gpt2-large shape) with a SimulatedDrafter on the
+  draft model (gpt2 shape), simulated α in --alphas: the speedup over plain
+  decoding of auto, of every fixed γ in --gammas (the best one found in the
+  same run) and of the heuristic. auto learns α online from its own steps
+  (it is never told the simulated α). Then at α = --int8-alpha the same with
+  the draft's weights in int8 (the target stays float32, so the output does).
+- ngram: prompt lookup on a repetitive prompt (a paragraph quoted, then asked
+  for again) with the same target. The weights are random, so the target
+  does not copy the paragraph; but its greedy output soon falls into loops,
+  which prompt lookup copies: this part measures that mechanism, not what it
+  would do on real text.
+- noisy: a real acceptance process without downloads: a small target and a
+  draft made by adding noise to a copy of its weights. p_min against wasted
+  drafts (drafted - accepted) and tokens per target call; the acceptance
+  change from an int8 draft; prompt lookup on the small target.
+
+Timing: plain decoding and every method run back to back in each repeat (in
+rotated order); a speedup is the median over repeats of plain time / method
+time within the repeat. Every run emits exactly --max-gen tokens (no EOS)
+and is checked to reproduce plain greedy decoding token for token.
+
+Usage:
+    python -m benchmarks.drafting                              # everything, modest settings
+    python -m benchmarks.drafting --parts simulated --alphas 0.8 --gammas 2 4 6 --repeats 1 --max-gen 32
+    python -m benchmarks.drafting --tiny --repeats 1           # a smoke run in seconds
+
+Outputs (in --out, default benchmarks/results/drafting-<UTC time>/):
+drafting.md (the tables) and drafting.json (every run, with the environment).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python benchmarks/drafting.py`: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import shlex
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.common import (
+    environment,
+    environment_lines,
+    load_prompt_tokenizer,
+    markdown_table,
+    random_model,
+    results_dir,
+    run_cli,
+    shape,
+    write_json,
+)
+from benchmarks.prompts import PROMPTS
+from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
+from spec_decoding import (
+    AutoGamma,
+    FixedGamma,
+    HeuristicGamma,
+    ModelDrafter,
+    NgramDrafter,
+    SimulatedDrafter,
+    SpecStats,
+    StepCosts,
+    calibrate,
+    speculative_generate,
+)
+from spec_decoding.costs import clock
+from spec_decoding.schedule import DEFAULT_MAX_GAMMA
+
+PARTS = ("simulated", "ngram", "noisy")
+
+# The repetitive prompt: a paragraph, then a request to repeat it, then its first words.
+PARAGRAPH = (
+    "The old lighthouse keeper climbed the spiral stairs one last time. For forty years he had watched the "
+    "ships pass in the night, and tonight, as the storm gathered over the bay, he lit the lamp again."
+)
+REPEAT_PROMPT = f"{PARAGRAPH}\n\nThe same paragraph again, word for word:\n\nThe old lighthouse keeper"
+
+# The noisy pair: GPT-2's init for the blocks, a larger one for the token
+# embedding (also the LM head) so that next-token distributions are peaked, and
+# a draft that is the target plus noise (relative to each matrix's spread).
+NOISY_CONFIG = GPT2Config(n_layer=4, n_head=4, n_embd=256)
+NOISY_BLOCK_STD, NOISY_WTE_STD = 0.05, 0.2
+
+
+# ---------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], tuple[torch.Tensor, SpecStats | None]], device: torch.device):
+    """(seconds, output, stats) of one call."""
+    t0 = clock(device)
+    out, stats = fn()
+    return clock(device) - t0, out, stats
+
+
+def plain_run(target: GPT2, ids: torch.Tensor, max_gen: int):
+    return lambda: (generate(target, ids, max_gen), None)
+
+
+def spec_run(target: GPT2, drafter_fn, ids: torch.Tensor, max_gen: int, schedule_fn, temperature=0.0, seed=0):
+    """A zero-argument call of speculative_generate with a fresh drafter and schedule."""
+
+    def run():
+        generator = torch.Generator().manual_seed(seed)
+        return speculative_generate(
+            target, drafter_fn(), ids, gamma=schedule_fn(), max_new_tokens=max_gen, temperature=temperature,
+            generator=generator,
+        )
+
+    return run
+
+
+def gamma_summary(stats: SpecStats) -> str:
+    """The K a run asked for, as 'K:steps' pairs, e.g. '0:2 4:10 5:3'."""
+    return " ".join(f"{K}:{n}" for K, n in enumerate(stats.gamma_hist) if n)
+
+
+def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: int, reference: list[int]) -> dict:
+    """Times plain decoding and every method in each repeat (rotated order).
+
+    Returns {method: {"speedup": median ratio, "ratios": [...], "stats": last SpecStats dict,
+    "seconds": [...]}} with "plain" holding the plain seconds."""
+    device = target.device
+    names = list(methods)
+    results = {name: {"ratios": [], "seconds": []} for name in names}
+    plain_seconds = []
+    for r in range(repeats):
+        plain_t, out, _ = timed(plain_run(target, ids, max_gen), device)
+        assert out[0].tolist() == reference, "plain decoding changed between repeats"
+        plain_seconds.append(plain_t)
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            seconds, out, stats = timed(methods[name], device)
+            assert out[0].tolist() == reference, f"{name}: the output differs from plain greedy decoding"
+            results[name]["seconds"].append(seconds)
+            results[name]["ratios"].append(plain_t / seconds)
+            results[name]["stats"] = stats.to_dict()
+    for name in names:
+        results[name]["speedup"] = statistics.median(results[name]["ratios"])
+    results["plain"] = {"seconds": plain_seconds}
+    return results
+
+
+# ---------------------------------------------------------------------------
+# Part 1: auto against fixed γ and the heuristic, simulated α; the int8 draft
+# ---------------------------------------------------------------------------
+
+
+def part_simulated(args, target, drafts: dict[str, GPT2], costs: dict[str, StepCosts], ids) -> dict:
+    reference = generate(target, ids, args.max_gen)  # (1, T + max_gen): what every run must reproduce
+    ref_list = reference[0].tolist()
+    cases = [("float32", a) for a in args.alphas] + [("int8", args.int8_alpha)]
+    out = {}
+    for draft_name, alpha in cases:
+        draft = drafts[draft_name]
+
+        def drafter(draft=draft, alpha=alpha):
+            return SimulatedDrafter(draft, reference, alpha, seed=args.seed)
+
+        methods = {f"fixed {g}": spec_run(target, drafter, ids, args.max_gen, lambda g=g: FixedGamma(g))
+                   for g in args.gammas}
+        methods["auto"] = spec_run(target, drafter, ids, args.max_gen, lambda c=costs[draft_name]: AutoGamma(c))
+        methods["heuristic"] = spec_run(target, drafter, ids, args.max_gen, HeuristicGamma)
+        print(f"simulated: draft {draft_name}, alpha {alpha}", file=sys.stderr, flush=True)
+        out[f"{draft_name} alpha {alpha}"] = {
+            "draft": draft_name, "alpha": alpha,
+            "runs": time_methods(target, ids, args.max_gen, methods, args.repeats, ref_list),
+        }
+    return out
+
+
+def simulated_table(results: dict) -> str:
+    rows = []
+    for case in results.values():
+        runs = case["runs"]
+        fixed = {name: r["speedup"] for name, r in runs.items() if name.startswith("fixed")}
+        best = max(fixed, key=fixed.get)
+        auto, heuristic = runs["auto"], runs["heuristic"]
+        rows.append([
+            case["draft"], f"{case['alpha']:.1f}", f"{statistics.median(runs['plain']['seconds']):.2f}",
+            f"{auto['speedup']:.2f}x", gamma_summary_dict(auto["stats"]), f"{auto['stats']['alpha']:.2f}",
+            f"{best.removeprefix('fixed ')}", f"{fixed[best]:.2f}x", f"{auto['speedup'] / fixed[best]:.3f}",
+            f"{heuristic['speedup']:.2f}x",
+        ])
+    return markdown_table(
+        ["draft", "sim. α", "plain s", "auto", "auto: K asked (K:steps)", "measured α", "best fixed γ",
+         "its speedup", "auto / best", "+2/-1"], rows)
+
+
+def gamma_summary_dict(stats: dict) -> str:
+    return " ".join(f"{K}:{n}" for K, n in enumerate(stats["gamma_hist"]) if n)
+
+
+# ---------------------------------------------------------------------------
+# Part 2: prompt lookup on repetitive text
+# ---------------------------------------------------------------------------
+
+
+def part_ngram(args, target, ids, costs: StepCosts, label: str) -> dict:
+    ref_list = generate(target, ids, args.max_gen)[0].tolist()
+    methods = {f"ngram, fixed {g}": spec_run(target, lambda: NgramDrafter(args.ngram), ids, args.max_gen,
+                                             lambda g=g: FixedGamma(g)) for g in (2, 4, 8)}
+    methods["ngram, auto"] = spec_run(target, lambda: NgramDrafter(args.ngram), ids, args.max_gen,
+                                      lambda: AutoGamma(costs))
+    print(f"ngram: {label}", file=sys.stderr, flush=True)
+    return {"label": label, "runs": time_methods(target, ids, args.max_gen, methods, args.repeats, ref_list)}
+
+
+def ngram_table(results: list[dict]) -> str:
+    rows = []
+    for case in results:
+        for name, r in case["runs"].items():
+            if name == "plain":
+                continue
+            s = r["stats"]
+            no_match = s["plain_steps"] - s["gamma_hist"][0]
+            rows.append([case["label"], name, f"{s['tokens_per_target_call']:.2f}", f"{s['alpha']:.2f}",
+                         f"{no_match}/{s['target_calls']}", f"{r['speedup']:.2f}x"])
+    return markdown_table(["target", "drafter", "tokens / target call", "α", "steps with no match", "speedup"],
+                          rows)
+
+
+# ---------------------------------------------------------------------------
+# Part 3: the noisy pair (real acceptance)
+# ---------------------------------------------------------------------------
+
+
+def noisy_target(seed: int) -> GPT2:
+    model = GPT2(NOISY_CONFIG)
+    init_random_weights(model, std=NOISY_BLOCK_STD, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        model.wte.weight.normal_(0.0, NOISY_WTE_STD, generator=torch.Generator().manual_seed(seed + 1))
+    return model.eval()
+
+
+def noisy_copy(model: GPT2, scale: float, seed: int) -> GPT2:
+    """A copy of `model` with N(0, scale * std(W)) noise added to every weight
+    matrix and embedding W (layer norms and biases untouched)."""
+    copy = GPT2(model.config)
+    copy.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in copy.named_parameters():
+            if name.endswith("weight") and ".ln_" not in name and not name.startswith("ln_"):
+                p.add_(torch.randn(p.shape, generator=g) * scale * p.std())
+    return copy.eval()
+
+
+def count_runs(target, make_drafter, prompts, max_gen, gamma_fn, temperature, seeds) -> dict:
+    """Summed counters of speculative runs over prompts and seeds (no timing)."""
+    total = {"drafted": 0, "accepted": 0, "target_calls": 0, "new_tokens": 0, "draft_calls": 0, "judged": 0}
+    for ids in prompts:
+        for seed in seeds:
+            _, s = spec_run(target, make_drafter, ids, max_gen, gamma_fn, temperature, seed)()
+            total["drafted"] += s.drafted
+            total["accepted"] += s.accepted
+            total["target_calls"] += s.target_calls
+            total["new_tokens"] += s.new_tokens
+            total["draft_calls"] += s.draft_calls
+            total["judged"] += sum(s.reached_at)
+    total["wasted"] = total["drafted"] - total["accepted"]
+    total["tokens_per_target_call"] = total["new_tokens"] / total["target_calls"]
+    total["alpha"] = total["accepted"] / total["judged"] if total["judged"] else 0.0
+    return total
+
+
+def part_noisy(args, tokenizer) -> dict:
+    target = noisy_target(args.seed)
+    draft = noisy_copy(target, args.noise, args.seed + 2)
+    draft8 = noisy_copy(target, args.noise, args.seed + 2)
+    for model in (target, draft):
+        fast.accelerate(model)
+    fast.accelerate(draft8, int8=True)
+    prompts = [torch.tensor([tokenizer.encode(text)]) for _, text in PROMPTS[: args.noisy_prompts]]
+    seeds = range(args.noisy_seeds)
+    out = {"config": str(NOISY_CONFIG), "noise": args.noise, "p_min": {}, "int8": {}}
+    settings = {"greedy": (0.0, [0]), "sampling T=1": (1.0, seeds)}
+    print("noisy: p_min", file=sys.stderr, flush=True)
+    for setting, (temperature, setting_seeds) in settings.items():
+        for schedule_name, schedule_fn in (("fixed 6", lambda: FixedGamma(6)), ("heuristic", HeuristicGamma)):
+            for p_min in args.p_mins:
+                key = f"{setting}, {schedule_name}, p_min {p_min}"
+                out["p_min"][key] = count_runs(
+                    target, lambda p=p_min: ModelDrafter(draft, p_min=None if p == 0 else p), prompts,
+                    args.max_gen, schedule_fn, temperature, setting_seeds)
+    print("noisy: int8 draft", file=sys.stderr, flush=True)
+    for setting, (temperature, setting_seeds) in settings.items():
+        for name, model in (("float32", draft), ("int8", draft8)):
+            out["int8"][f"{setting}, {name}"] = count_runs(
+                target, lambda m=model: ModelDrafter(m), prompts, args.max_gen, lambda: FixedGamma(4), temperature,
+                setting_seeds)
+    costs32 = calibrate(target, draft, 5, refresh=True)
+    costs8 = calibrate(target, draft8, 5, refresh=True)
+    out["t_draft"] = {"float32": costs32.t_draft, "int8": costs8.t_draft, "t_target": costs32.t_verify[0]}
+    ids = torch.tensor([tokenizer.encode(REPEAT_PROMPT)])
+    out["ngram"] = part_ngram(args, target, ids, calibrate(target, None, DEFAULT_MAX_GAMMA + 1, refresh=True),
+                              "noisy small target, repetitive prompt")
+    return out
+
+
+def p_min_table(results: dict) -> str:
+    rows = [[key, str(r["drafted"]), str(r["accepted"]), str(r["wasted"]), str(r["draft_calls"]),
+             f"{r['alpha']:.2f}", f"{r['tokens_per_target_call']:.3f}"] for key, r in results.items()]
+    return markdown_table(["setting, schedule, p_min", "drafted", "accepted", "wasted", "draft passes", "α",
+                           "tokens / target call"], rows)
+
+
+# ---------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.drafting", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    ap.add_argument("--target", default="gpt2-large", help="target shape, random weights (default gpt2-large)")
+    ap.add_argument("--draft", default="gpt2", help="draft shape, random weights (default gpt2)")
+    ap.add_argument("--tiny", action="store_true", help="tiny random models instead (a smoke run)")
+    ap.add_argument("--alphas", type=float, nargs="+", default=[0.5, 0.6, 0.7, 0.8, 0.9])
+    ap.add_argument("--int8-alpha", type=float, default=0.8, help="simulated α of the int8-draft comparison")
+    ap.add_argument("--gammas", type=int, nargs="+", default=list(range(1, 11)), help="fixed γ tried (1 .. 10)")
+    ap.add_argument("--ngram", type=int, default=3, help="the n-gram drafter's longest suffix (default 3)")
+    ap.add_argument("--max-gen", type=int, default=64, help="tokens per run (default 64)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
+    ap.add_argument("--noise", type=float, default=0.15, help="the noisy draft's relative weight noise")
+    ap.add_argument("--p-mins", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2, 0.4],
+                    help="p_min values of the noisy pair (0 = off)")
+    ap.add_argument("--noisy-prompts", type=int, default=4, help="prompts of the noisy pair's counts")
+    ap.add_argument("--noisy-seeds", type=int, default=4, help="sampling seeds of the noisy pair's counts")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/drafting-<UTC time>)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    out_dir = results_dir(args.out, "drafting")
+    tokenizer = load_prompt_tokenizer()
+    target_name, draft_name = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
+    report = {"command": "python -m benchmarks.drafting " + shlex.join(argv if argv is not None else sys.argv[1:])}
+    lines = ["# Drafting: auto γ, int8 draft, prompt lookup, p_min", "", f"`{report['command']}`", ""]
+    needs_pair = {"simulated", "ngram"} & set(args.parts)
+    if needs_pair:
+        target = random_model(shape(target_name), seed=args.seed)
+        drafts = {"float32": random_model(shape(draft_name), seed=args.seed + 1),
+                  "int8": random_model(shape(draft_name), seed=args.seed + 1, quantize="int8")}
+        report["environment"] = environment(target.device, target.dtype,
+                                            {"target": target_name, "draft": draft_name}, fast.status(target))
+        lines += environment_lines(report["environment"]) + [""]
+        ids = torch.tensor([tokenizer.encode(PROMPTS[0][1])])
+    if "simulated" in args.parts:
+        costs = {name: calibrate(target, d, DEFAULT_MAX_GAMMA + 1, refresh=True) for name, d in drafts.items()}
+        report["costs"] = {name: {"t_draft": c.t_draft, "t_verify": c.t_verify} for name, c in costs.items()}
+        report["simulated"] = part_simulated(args, target, drafts, costs, ids)
+        lines += ["## auto against fixed γ and +2/-1 (simulated α)", "", simulated_table(report["simulated"]), ""]
+        lines += [f"t_d float32 {costs['float32'].t_draft * 1e3:.2f} ms, int8 {costs['int8'].t_draft * 1e3:.2f} ms; "
+                  f"t_v(1) {costs['float32'].t_verify[0] * 1e3:.1f} ms, t_v(5) {costs['float32'].t_verify[4] * 1e3:.1f} ms "
+                  "(calibrated at the start of this run)", ""]
+    if "ngram" in args.parts:
+        repeat_ids = torch.tensor([tokenizer.encode(REPEAT_PROMPT)])
+        costs0 = calibrate(target, None, DEFAULT_MAX_GAMMA + 1, refresh=True)
+        report["ngram"] = part_ngram(args, target, repeat_ids, costs0, f"{target_name} (random weights)")
+    if "noisy" in args.parts:
+        report["noisy"] = noisy = part_noisy(args, tokenizer)
+    if "ngram" in args.parts or "noisy" in args.parts:
+        cases = [report[k] if k == "ngram" else report["noisy"]["ngram"] for k in ("ngram", "noisy") if k in report]
+        lines += ["## Prompt lookup on a repetitive prompt", "", ngram_table(cases), ""]
+    if "noisy" in args.parts:
+        lines += [f"## The noisy pair ({NOISY_CONFIG}, draft noise {args.noise})", "", "### p_min", "",
+                  p_min_table(noisy["p_min"]), "", "### int8 draft (fixed γ 4)", "", p_min_table(noisy["int8"]), "",
+                  f"t_d float32 {noisy['t_draft']['float32'] * 1e3:.3f} ms, int8 {noisy['t_draft']['int8'] * 1e3:.3f} ms, "
+                  f"target step {noisy['t_draft']['t_target'] * 1e3:.3f} ms", ""]
+    write_json(out_dir / "drafting.json", report)
+    (out_dir / "drafting.md").write_text("\n".join(lines), encoding="utf-8")
+    print("\n".join(lines))
+    print(f"results in {out_dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
