@@ -289,7 +289,8 @@ def part_noisy(args, tokenizer) -> dict:
     settings = {"greedy": (0.0, [0]), "sampling T=1": (1.0, seeds)}
     print("noisy: p_min", file=sys.stderr, flush=True)
     for setting, (temperature, setting_seeds) in settings.items():
-        for schedule_name, schedule_fn in (("fixed 6", lambda: FixedGamma(6)), ("heuristic", HeuristicGamma)):
+        for schedule_name, schedule_fn in (("fixed 3", lambda: FixedGamma(3)), ("fixed 6", lambda: FixedGamma(6)),
+                                           ("heuristic", HeuristicGamma)):
             for p_min in args.p_mins:
                 key = f"{setting}, {schedule_name}, p_min {p_min}"
                 out["p_min"][key] = count_runs(
@@ -334,8 +335,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ngram", type=int, default=3, help="the n-gram drafter's longest suffix (default 3)")
     ap.add_argument("--max-gen", type=int, default=64, help="tokens per run (default 64)")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
-    ap.add_argument("--noise", type=float, default=0.15, help="the noisy draft's relative weight noise")
-    ap.add_argument("--p-mins", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2, 0.4],
+    ap.add_argument("--noise", type=float, default=0.1, help="the noisy draft's relative weight noise")
+    ap.add_argument("--p-mins", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2, 0.3],
                     help="p_min values of the noisy pair (0 = off)")
     ap.add_argument("--noisy-prompts", type=int, default=4, help="prompts of the noisy pair's counts")
     ap.add_argument("--noisy-seeds", type=int, default=4, help="sampling seeds of the noisy pair's counts")
