@@ -62,7 +62,8 @@ class SpecStats:
         new_tokens: tokens emitted after the prompt.
         target_calls: target forward passes after prefill, one per step.
         plain_steps: steps that drafted nothing (no room left in the draft's
-            context window or the token budget): plain target steps.
+            context window or the token budget, a schedule that chose K = 0,
+            or a drafter that proposed nothing): plain target steps.
         draft_calls: draft forward passes after prefill.
         drafted: drafted tokens, summed over steps.
         accepted: drafted tokens accepted and emitted.
