@@ -31,10 +31,12 @@ import sys
 import time
 
 from cli.arguments import (
+    DEFAULT_NGRAM,
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNEXPECTED,
+    NGRAM_DRAFT,
     build_parser,
     check_settings,
     check_tree,
@@ -52,11 +54,14 @@ from cli.arguments import (
 
 
 def load_everything(
-    args: argparse.Namespace, prompts: list[str], device, dtype, quantize: str | None, lines: list[int] | None = None
+    args: argparse.Namespace, prompts: list[str], device, dtype, quantize: dict[str, str | None],
+    lines: list[int] | None = None,
 ):
     """The draft and target models, the target's tokenizer, the token ids of
-    each prompt and the two model folders. `lines`: the prompts' line numbers
-    in --prompts-file (errors name them), or None for the one --prompt.
+    each prompt and the model folders (no draft model, None, for --draft
+    ngram). `quantize`: each role's weight quantisation. `lines`: the
+    prompts' line numbers in --prompts-file (errors name them), or None for
+    the one --prompt.
 
     Everything that can be wrong is checked before the weights are read
     (which takes seconds for GPT-2 large): the downloads, the vocabularies
@@ -74,7 +79,7 @@ def load_everything(
     from gpt2.generate import check_prompt
     from gpt2.loading import resolve_source
 
-    sources = {"draft": args.draft, "target": args.target}
+    sources = {"target": args.target} if args.draft == NGRAM_DRAFT else {"draft": args.draft, "target": args.target}
     folders = {role: resolve_source(source, args.weights_dir) for role, source in sources.items()}  # downloads
     configs = {role: GPT2Config.from_hf_config(folder / "config.json") for role, folder in folders.items()}
     try:
@@ -89,7 +94,7 @@ def load_everything(
         ) from None
 
     V = configs["target"].vocab_size
-    if configs["draft"].vocab_size != V:
+    if "draft" in configs and configs["draft"].vocab_size != V:
         raise ValueError(
             f"draft and target have different vocabularies ({configs['draft'].vocab_size} vs {V} tokens): "
             "pick a draft model from the target's family, e.g. --draft gpt2"
@@ -112,8 +117,8 @@ def load_everything(
     models = {}
     for role, source in sources.items():
         print(f"loading {role} {source} from {folders[role]}", file=sys.stderr)
-        models[role] = load_model(folders[role], device=device, dtype=dtype, quantize=quantize)
-    return models["draft"], models["target"], tokenizer, prompt_ids, folders
+        models[role] = load_model(folders[role], device=device, dtype=dtype, quantize=quantize[role])
+    return models.get("draft"), models["target"], tokenizer, prompt_ids, folders
 
 
 def warm_up(model, input_ids) -> None:
@@ -151,15 +156,21 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     quantize = resolve_quantize(args.quantize, device, dtype)
+    draft_quantize = resolve_draft_quantize(args, quantize, device, dtype)
     if sampling.greedy and (args.top_k is not None or args.top_p is not None):
         print("note: --top-k and --top-p only apply when sampling (--temperature > 0)", file=sys.stderr)
 
     t_load = time.perf_counter()
-    draft, target, tokenizer, (prompt_ids,), folders = load_everything(args, [prompt], device, dtype, quantize)
+    draft, target, tokenizer, (prompt_ids,), folders = load_everything(
+        args, [prompt], device, dtype, {"draft": draft_quantize, "target": quantize}
+    )
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
-    warm_up(draft, input_ids)
-    warm_up(target, input_ids)
-    load_seconds = clock(device) - t_load
+    for model in (draft, target):
+        if model is not None:
+            warm_up(model, input_ids)
+    drafter_name = drafter_description(args, draft_quantize)
+    drafter, schedule = (None, None) if tree is not None else make_drafter_and_schedule(args, target, draft)
+    load_seconds = clock(device) - t_load  # with --gamma auto, the step costs' calibration (once per machine)
     # --compare: plain target steps timed right before (and after) the speculative run
     target_steps = target_step_seconds(target, input_ids) if args.compare else []
 
@@ -167,7 +178,7 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if out is not None:
         report.print_header(
-            draft=args.draft, target=args.target, gamma=args.gamma, tree=tree, max_gen=args.max_gen,
+            draft=drafter_name, target=args.target, gamma=args.gamma, tree=tree, max_gen=args.max_gen,
             decoding=report.describe_decoding(sampling, args.seed), device=device, dtype=dtype, quantize=quantize,
             color=color,
         )
@@ -175,7 +186,9 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
         out.flush()
 
     stream = TokenStream(tokenizer, out, color)
-    stats, spec_seconds, interrupted = speculate(args, sampling, tree, target, draft, input_ids, stream)
+    stats, spec_seconds, interrupted = speculate(
+        args, sampling, tree, target, draft if tree is not None else drafter, schedule, input_ids, stream
+    )
     if out is not None:
         out.write("\n")
         if interrupted:
@@ -206,7 +219,8 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
             "text": tokenizer.decode(stream.tokens),  # "<|endoftext|>" at the end if generation stopped there
             "token_ids": stream.tokens,
             "accepted_from_draft": stream.accepted,
-            "settings": {**settings_record(args, sampling, folders, device, dtype, quantize),
+            "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, draft_quantize=draft_quantize,
+                                           drafter=drafter_name, schedule=schedule),
                          "tree": None if tree is None else str(tree)},
             "stats": stats.to_dict(),
             "timings": timings,
@@ -222,27 +236,77 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
             length=len(prompt_ids) + len(stream.tokens), target_n_ctx=target.config.n_ctx,
         )
         report.print_stats(
-            stats, stop=stop, length=len(prompt_ids) + len(stream.tokens), draft_n_ctx=draft.config.n_ctx,
-            timings=timings,
+            stats, stop=stop, length=len(prompt_ids) + len(stream.tokens),
+            draft_n_ctx=None if draft is None else draft.config.n_ctx, timings=timings, drafter=drafter_name,
+            schedule=None if schedule is None else schedule.describe(),
         )
         if args.compare:
             report.print_comparison(comparison, stream.tokens, tokenizer)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
-def settings_record(args, sampling, folders, device, dtype, quantize: str | None, seed: int | None = None) -> dict:
-    """The settings as given, for --json ("greedy" says how the temperature was read)."""
+def settings_record(
+    args, sampling, folders, device, dtype, quantize: str | None, seed: int | None = None, *,
+    draft_quantize: str | None, drafter: str, schedule=None,
+) -> dict:
+    """The settings as given, for --json ("greedy" says how the temperature
+    was read; "drafter" and "schedule" what they became)."""
     from gpt2 import END_OF_TEXT_ID
 
+    ngram = args.draft == NGRAM_DRAFT
     return {
         "draft": args.draft, "target": args.target,
-        "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
-        "gamma": args.gamma, "max_gen": args.max_gen,
+        "draft_folder": None if ngram else str(folders["draft"]), "target_folder": str(folders["target"]),
+        "drafter": drafter, "ngram": (DEFAULT_NGRAM if args.ngram is None else args.ngram) if ngram else None,
+        "draft_p_min": args.draft_p_min,
+        "gamma": args.gamma, "schedule": None if schedule is None else schedule.describe(), "max_gen": args.max_gen,
         "temperature": args.temperature, "greedy": sampling.greedy,
         "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed if seed is None else seed,
         "device": str(device), "dtype": str(dtype).removeprefix("torch."), "quantize": quantize,
+        "draft_quantize": None if ngram else draft_quantize,
         "eos_id": END_OF_TEXT_ID,
     }
+
+
+def resolve_draft_quantize(args, quantize: str | None, device, dtype) -> str | None:
+    """The draft's weight quantisation: --draft-quantize, else --quantize's."""
+    from gpt2.fast.quantize import resolve_quantize
+
+    if args.draft_quantize is None:
+        return quantize
+    try:
+        return resolve_quantize(args.draft_quantize, device, dtype)
+    except ValueError as e:  # its message names --quantize
+        raise ValueError(str(e).replace("--quantize", "--draft-quantize")) from None
+
+
+def drafter_description(args, draft_quantize: str | None) -> str:
+    """How the header and the stats name the drafter."""
+    from cli.report import describe_drafter
+
+    ngram = (DEFAULT_NGRAM if args.ngram is None else args.ngram) if args.draft == NGRAM_DRAFT else None
+    return describe_drafter(args.draft, ngram=ngram, quantize=draft_quantize, p_min=args.draft_p_min)
+
+
+def make_drafter_and_schedule(args, target, draft):
+    """The drafter --draft asks for (the draft model, stopping early below
+    --draft-p-min; or prompt lookup) and the γ schedule of --gamma. For
+    'auto', the step costs of this pair on this machine: read from the
+    cache, or measured now (some seconds)."""
+    from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, ModelDrafter, NgramDrafter, calibrate
+    from spec_decoding.schedule import DEFAULT_MAX_GAMMA
+
+    if args.draft == NGRAM_DRAFT:
+        drafter = NgramDrafter(DEFAULT_NGRAM if args.ngram is None else args.ngram)
+    else:
+        drafter = ModelDrafter(draft, p_min=args.draft_p_min)
+    if args.gamma == "heuristic":
+        return drafter, HeuristicGamma()
+    if args.gamma != "auto":
+        return drafter, FixedGamma(args.gamma)
+    print("--gamma auto: the step costs of this pair on this machine (measured once, then cached) ...",
+          file=sys.stderr)
+    return drafter, AutoGamma(calibrate(target, drafter.model, DEFAULT_MAX_GAMMA + 1))
 
 
 def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]]) -> int:
@@ -268,9 +332,11 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     quantize = resolve_quantize(args.quantize, device, dtype)
+    draft_quantize = resolve_draft_quantize(args, quantize, device, dtype)
+    drafter_name = drafter_description(args, draft_quantize)
     lines = [line for line, _ in prompts]
     draft, target, tokenizer, prompt_ids, folders = load_everything(
-        args, [text for _, text in prompts], device, dtype, quantize, lines
+        args, [text for _, text in prompts], device, dtype, {"draft": draft_quantize, "target": quantize}, lines
     )
     first = torch.tensor([prompt_ids[0]], dtype=torch.long, device=device)  # (1, T)
     warm_up(draft, first)
@@ -278,7 +344,7 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if not args.json:
         report.print_header(
-            draft=args.draft, target=args.target, gamma=args.gamma, max_gen=args.max_gen,
+            draft=drafter_name, target=args.target, gamma=args.gamma, max_gen=args.max_gen,
             decoding=report.describe_decoding(sampling, args.seed), device=device, dtype=dtype, quantize=quantize,
             color=color,
         )
@@ -316,7 +382,8 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
                     "accepted_from_draft": stream.accepted, "stop": stop, "stats": row_stats.to_dict(),
                     "batch": {"index": len(batches) - 1, "seconds": batch_seconds,
                               **{k: v for k, v in stats.to_dict().items() if k != "rows"}},
-                    "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, args.seed + i),
+                    "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, args.seed + i,
+                                                   draft_quantize=draft_quantize, drafter=drafter_name),
                                  "prompts_file": args.prompts_file, "batch_size": args.batch_size},
                     "interrupted": interrupted,
                 }, sys.stdout)
@@ -331,9 +398,10 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
-def speculate(args, sampling, tree, target, draft, input_ids, stream):
-    """`speculative_generate` (a chain), or `tree_speculative_generate` when
-    `tree` is a TreeShape, committing into `stream` as it goes. With
+def speculate(args, sampling, tree, target, draft, schedule, input_ids, stream):
+    """`speculative_generate` (a chain: `draft` is the drafter, `schedule`
+    the γ schedule), or `tree_speculative_generate` when `tree` is a
+    TreeShape (`draft` is the draft model), committing into `stream` as it goes. With
     --show-tree or --debug each verified tree is drawn on stderr. Ctrl-C
     stops it; what was committed and counted until then stays.
 
@@ -347,7 +415,7 @@ def speculate(args, sampling, tree, target, draft, input_ids, stream):
 
     device = input_ids.device
     # passed in, so that its counts survive a Ctrl-C
-    stats = SpecStats(args.gamma) if tree is None else SpecStats(tree.max_depth, tree=str(tree))
+    stats = SpecStats(schedule.max_gamma) if tree is None else SpecStats(tree.max_depth, tree=str(tree))
     generator = seeded_generator(args.seed, device)
     interrupted = False
     t0 = clock(device)
@@ -355,7 +423,7 @@ def speculate(args, sampling, tree, target, draft, input_ids, stream):
         if tree is None:
             speculative_generate(
                 target, draft, input_ids,
-                gamma=args.gamma, max_new_tokens=args.max_gen,
+                gamma=schedule, max_new_tokens=args.max_gen,
                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                 eos_id=END_OF_TEXT_ID, generator=generator, on_step=stream.on_step, stats=stats,
             )
@@ -411,11 +479,11 @@ def compare_with_target_alone(
         "target": statistics.median(target_steps),  # t_t, around the speculative run
         "verify": stats.verify_seconds / stats.target_calls,  # t_v(γ + 1)
     }
-    if stats.tree is None:
+    if stats.tree is None and isinstance(args.gamma, int) and args.draft != NGRAM_DRAFT:
         predicted = predicted_speedup(
             stats.alpha, args.gamma, step_seconds["draft"], step_seconds["target"], step_seconds["verify"]
         )
-    else:  # a tree has no closed form in α: its measured tokens per call over the measured cost of a step
+    else:  # a tree, a γ schedule, prompt lookup: no closed form in α; measured tokens per call over step cost
         step = (stats.draft_seconds + stats.verify_seconds) / stats.target_calls
         predicted = stats.tokens_per_target_call * step_seconds["target"] / step
 

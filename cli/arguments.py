@@ -22,6 +22,9 @@ DEFAULT_PROMPT = (
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEFAULT_GAMMA = 4
 DEFAULT_TREE = "3,1"  # spec_decoding.tree.DEFAULT_TREE (not imported here: --help answers without torch)
+GAMMA_SCHEDULES = ("auto", "heuristic")  # --gamma by name (spec_decoding/schedule.py)
+NGRAM_DRAFT = "ngram"  # --draft ngram: prompt lookup, no draft model
+DEFAULT_NGRAM = 3
 
 # The library names a sampling setting by its argument; the user knows it by its flag.
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
@@ -66,8 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Prompt i of the file (from 0) samples with seed --seed + i, so its text does not depend on the batch",
     )
     parser.add_argument(
-        "--gamma", type=int, default=None,
-        help=f"tokens the draft proposes per step, a chain, >= 1 (default: {DEFAULT_GAMMA}, unless a tree is given)",
+        "--gamma", type=gamma_value, default=None,
+        help="tokens the draft proposes per step, a chain: an integer >= 1; 'auto', before each step the number "
+        "that maximises the expected tokens per second at the acceptance rate seen so far, from the draft's and "
+        "the target's step costs (measured once per model pair and machine, some seconds, then cached); or "
+        "'heuristic', Hugging Face's rule (+2 after a step whose drafts were all accepted, -1 otherwise). "
+        f"The output does not depend on it (default: {DEFAULT_GAMMA}, unless a tree is given)",
     )
     parser.add_argument(
         "--tree", nargs="?", const=DEFAULT_TREE, default=None, metavar="SHAPE",
@@ -109,7 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--draft", default="gpt2",
         help="the draft model: a Hugging Face Hub repo id or a local folder with config.json and "
-        "model.safetensors (default: gpt2)",
+        "model.safetensors; or 'ngram', no model: prompt lookup, proposing the tokens that followed the last "
+        "earlier occurrence of the text's last --ngram tokens (shorter suffixes next; with no match at all, a "
+        "plain target step) (default: gpt2)",
+    )
+    parser.add_argument(
+        "--ngram", type=int, default=None,
+        help=f"with --draft ngram: the longest suffix it matches, >= 1 (default: {DEFAULT_NGRAM})",
+    )
+    parser.add_argument(
+        "--draft-p-min", type=float, default=None,
+        help="stop drafting at the first position where the draft's top probability is below this, in [0, 1], "
+        "as llama.cpp's --draft-p-min: fewer wasted drafts (default: always draft --gamma tokens)",
     )
     parser.add_argument(
         "--target", default="gpt2-large",
@@ -129,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="none, or int8: both models' weight matrices rounded to int8 with a scale per row, and read as int8 "
         "on the CPU (float32 only): a quarter of the bytes per token, so faster decoding; the output is then "
         "exactly that of the int8 target, which differs a little from the float32 one (default: none)",
+    )
+    parser.add_argument(
+        "--draft-quantize", default=None,
+        help="none or int8, for the draft model only: int8 makes drafting cheaper while the output stays exactly "
+        "the float32 target's (CPU, float32 only) (default: as --quantize)",
     )
     parser.add_argument(
         "--weights-dir", default=None,
@@ -157,13 +180,18 @@ def check_settings(args: argparse.Namespace):
     ValueError names the flag.
 
     Raises:
-        ValueError: a bad --gamma, --max-gen, --temperature, --top-k or --top-p.
+        ValueError: a bad --gamma, --max-gen, --temperature, --top-k, --top-p,
+            or drafter option (`check_drafter`).
     """
     from gpt2.generate import check_integer
     from gpt2.sampling import SamplingConfig
 
-    if args.gamma is not None:
-        check_integer(args.gamma, "--gamma", 1)  # as speculative_generate checks gamma
+    if args.gamma is not None and not isinstance(args.gamma, str):
+        try:
+            check_integer(args.gamma, "--gamma", 1)  # as speculative_generate checks gamma
+        except ValueError:
+            raise ValueError(f"--gamma must be an integer >= 1, 'auto' or 'heuristic', got {args.gamma}") from None
+    check_drafter(args)
     check_integer(args.max_gen, "--max-gen", 1)
     check_integer(args.batch_size, "--batch-size", 1)
     if args.prompts_file is not None and args.prompt is not None:
@@ -175,6 +203,51 @@ def check_settings(args: argparse.Namespace):
     except ValueError as e:
         name, rest = str(e).split(" ", 1)
         raise ValueError(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
+
+
+def gamma_value(text: str) -> int | str:
+    """--gamma as given: an integer (checked later, with the other values),
+    or the name of a schedule."""
+    if text in GAMMA_SCHEDULES:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, 'auto' or 'heuristic', got {text!r}") from None
+
+
+def check_drafter(args: argparse.Namespace) -> None:
+    """--ngram, --draft-p-min, --draft-quantize and a named --gamma against
+    --draft and the other ways to decode.
+
+    Raises:
+        ValueError: --ngram below 1 or without --draft ngram; --draft-p-min
+            outside [0, 1]; --draft-p-min or --draft-quantize with --draft
+            ngram, which has no model; prompt lookup or a named --gamma with
+            a token tree or --prompts-file (they decode one chain).
+    """
+    from gpt2.generate import check_integer
+
+    if args.ngram is not None:
+        check_integer(args.ngram, "--ngram", 1)
+        if args.draft != NGRAM_DRAFT:
+            raise ValueError(f"--ngram is the suffix length of --draft {NGRAM_DRAFT}: add --draft {NGRAM_DRAFT}, "
+                             "or leave out --ngram")
+    if args.draft_p_min is not None and not 0.0 <= args.draft_p_min <= 1.0:
+        raise ValueError(f"--draft-p-min must be a probability in [0, 1], got {args.draft_p_min}")
+    if args.draft == NGRAM_DRAFT:
+        for flag, value in (("--draft-p-min", args.draft_p_min), ("--draft-quantize", args.draft_quantize)):
+            if value is not None:
+                raise ValueError(f"{flag} is for a draft model; --draft {NGRAM_DRAFT} has none: leave out {flag}")
+    tree = args.tree is not None or args.tree_nodes is not None or args.show_tree
+    chain_only = [f"--gamma {args.gamma}"] if isinstance(args.gamma, str) else []
+    chain_only += [f"--draft {NGRAM_DRAFT}"] if args.draft == NGRAM_DRAFT else []
+    chain_only += ["--draft-p-min"] if args.draft_p_min is not None else []
+    for option in chain_only:
+        if tree:
+            raise ValueError(f"{option} drafts a chain, one sequence: leave out --tree, --tree-nodes and --show-tree")
+        if args.prompts_file is not None:
+            raise ValueError(f"{option} works with one --prompt, not with --prompts-file")
 
 
 def check_tree(args: argparse.Namespace):
@@ -208,6 +281,8 @@ def check_tree(args: argparse.Namespace):
             return TreeShape.parse(args.tree)
         except ValueError as e:
             raise ValueError(f"--tree: {e}") from None
+    if isinstance(args.gamma, str):  # a schedule's name: checked by check_drafter
+        return None
     args.gamma = check_integer(DEFAULT_GAMMA if args.gamma is None else args.gamma, "--gamma", 1)
     if args.show_tree:
         return TreeShape(branching=(1,) * args.gamma)

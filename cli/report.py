@@ -44,13 +44,23 @@ def describe_decoding(sampling: SamplingConfig, seed: int) -> str:
     return text + f", seed {seed}"
 
 
+def describe_gamma(gamma: int | str) -> str:
+    """How many tokens a step drafts: --gamma as given (an integer, or a schedule's name)."""
+    if gamma == "auto":
+        return "the number of tokens per step that pays best (--gamma auto)"
+    if gamma == "heuristic":
+        return "a number of tokens per step set by Hugging Face's +2/-1 rule (--gamma heuristic)"
+    return f"{gamma} tokens per step"
+
+
 def print_header(
-    *, draft: str, target: str, gamma: int | None, tree=None, max_gen: int, decoding: str, device, dtype,
+    *, draft: str, target: str, gamma: int | str | None, tree=None, max_gen: int, decoding: str, device, dtype,
     quantize: str | None, color: bool,
 ) -> None:
-    """`tree`: the TreeShape drafted instead of a chain of `gamma` tokens, or None."""
+    """`draft`: how the drafter is named (`describe_drafter`); `tree`: the
+    TreeShape drafted instead of a chain of `gamma` tokens, or None."""
     if tree is None:
-        print(f"draft {draft} proposes {gamma} tokens per step, target {target} verifies them")
+        print(f"draft {draft} proposes {describe_gamma(gamma)}, target {target} verifies them")
     else:
         print(f"draft {draft} proposes a token tree per step ({tree}: up to {tree.max_nodes} tokens, "
               f"{tree.max_depth} deep), target {target} verifies it in one pass")
@@ -77,12 +87,65 @@ def stop_reason(stats: SpecStats, *, interrupted: bool, max_gen: int, length: in
     return f"stopped at the target's context window ({target_n_ctx} tokens)"
 
 
-def print_stats(stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int, timings: dict) -> None:
-    """The stats block: tokens, α, tokens per target call, plain steps,
-    forward calls, speed. `length`: prompt + new tokens."""
+def describe_drafter(draft: str, *, ngram: int | None, quantize: str | None, p_min: float | None) -> str:
+    """The drafter as the header and the stats name it: the draft model (its
+    weights' quantisation, its p_min), or prompt lookup (`ngram`: its n)."""
+    if ngram is not None:
+        return f"prompt lookup (n-gram, suffixes of up to {ngram} tokens, no model)"
+    name = draft + (f" ({quantize} weights)" if quantize else "")
+    return name + (f", stopping below top probability {p_min:g}" if p_min is not None else "")
+
+
+def describe_gammas(stats: SpecStats, schedule: str) -> str:
+    """The schedule and the K it asked for, e.g. 'auto: K = 0 x 2, 4 x 10, 5 x 3 steps (mean 4.1)'."""
+    steps = sum(stats.gamma_hist)
+    if not steps:
+        return schedule
+    asked = ", ".join(f"{K} x {n}" for K, n in enumerate(stats.gamma_hist) if n)
+    mean = sum(K * n for K, n in enumerate(stats.gamma_hist)) / steps
+    return f"{schedule}: K = {asked} steps (mean {mean:.1f})"
+
+
+def plain_step_reasons(stats: SpecStats, *, schedule: str, drafter: str, length: int, draft_n_ctx: int | None) -> str:
+    """Why steps drafted nothing: none was asked for (the schedule's K = 0, the
+    end of the budget, the draft's window), or the drafter proposed none."""
+    asked_none, proposed_none = stats.gamma_hist[0], stats.plain_steps - stats.gamma_hist[0]
+    reasons = []
+    if asked_none:
+        if draft_n_ctx is not None and length > draft_n_ctx:
+            why = f"the sequence outgrew the draft's context window of {draft_n_ctx} tokens"
+        elif schedule == "auto":
+            why = "auto chose a plain step where drafting did not pay, or no room was left before the end"
+        else:
+            why = "no room to draft before the end"
+        reasons.append(why if not proposed_none else f"{asked_none}: {why}")
+    if proposed_none:
+        why = "no earlier occurrence matched" if drafter.startswith("prompt lookup") else "the draft was unsure"
+        reasons.append(f"{proposed_none}: the drafter proposed nothing ({why})")
+    return "; ".join(reasons)
+
+
+def print_stats(
+    stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int | None, timings: dict, drafter: str,
+    schedule: str | None,
+) -> None:
+    """The stats block: tokens, the drafter and (a chain) the K it was asked
+    for, α, tokens per target call, plain steps, forward calls, speed.
+    `length`: prompt + new tokens; `draft_n_ctx`: None without a draft
+    model; `schedule`: `GammaSchedule.describe()`, None for a tree."""
     judged = sum(stats.reached_at)
     gamma = stats.gamma
-    rows = [("new tokens", f"{stats.new_tokens} in {count(stats.target_calls, 'target call')}, {stop}")]
+    rows = [
+        ("new tokens", f"{stats.new_tokens} in {count(stats.target_calls, 'target call')}, {stop}"),
+        ("drafter", drafter),
+    ]
+    if stats.tree is None:
+        rows.append(("γ per step", describe_gammas(stats, schedule)))
+    if schedule is None or schedule.startswith("fixed "):
+        expected = expected_tokens_per_step(stats.alpha, gamma)
+    else:  # K varies: the mean of E(α, K) over the steps
+        expected = sum(n * expected_tokens_per_step(stats.alpha, K) for K, n in enumerate(stats.gamma_hist))
+        expected /= max(1, stats.target_calls)
     if stats.drafted and stats.tree is not None:
         rows += tree_rows(stats)
     elif stats.drafted:
@@ -96,12 +159,15 @@ def print_stats(stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int, t
             (
                 "tokens/target call",
                 f"{stats.tokens_per_target_call:.2f} (at most {gamma + 1}; "
-                f"{expected_tokens_per_step(stats.alpha, gamma):.2f} expected at this α, Leviathan et al. eq. 1)",
+                f"{expected:.2f} expected at this α, Leviathan et al. eq. 1)",
             ),
         ]
     else:
         rows.append(("acceptance α", "n/a: nothing was drafted"))
-    if stats.plain_steps:
+    if stats.plain_steps and stats.tree is None:
+        why = plain_step_reasons(stats, schedule=schedule, drafter=drafter, length=length, draft_n_ctx=draft_n_ctx)
+        rows.append(("plain steps", f"{count(stats.plain_steps, 'target call')} drafted nothing ({why})"))
+    elif stats.plain_steps:
         why = (
             f"the sequence outgrew the draft's context window of {draft_n_ctx} tokens"
             if length > draft_n_ctx

@@ -192,11 +192,13 @@ def test_help_documents_every_option_and_its_default(tmp_path):
     for option in (
         "--prompt", "--gamma", "--tree", "--tree-nodes", "--tree-depth", "--show-tree", "--max-gen", "--temperature",
         "--top-k", "--top-p", "--seed", "--draft", "--target", "--device", "--dtype", "--quantize", "--weights-dir",
-        "--compare", "--json", "--no-color", "--debug", "--prompts-file", "--batch-size",
+        "--compare", "--json", "--no-color", "--debug", "--prompts-file", "--batch-size", "--ngram", "--draft-p-min",
+        "--draft-quantize",
     ):
         assert option in result.stdout, option
     for default in ("default: 4", "default: 100", "default: gpt2)", "default: gpt2-large", "default: auto",
-                    "default: float32", "default: 0", "default: none", "default: 8"):
+                    "default: float32", "default: 0", "default: none", "default: 8", "default: 3",
+                    "default: as --quantize"):
         assert default in " ".join(result.stdout.split()), default
 
 
@@ -237,8 +239,10 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
     assert out["settings"] == {
         "draft": str(folders["draft"]), "target": str(folders["target"]),
         "draft_folder": str(folders["draft"]), "target_folder": str(folders["target"]),
-        "gamma": 4, "tree": None, "max_gen": 20, "temperature": 0.0, "greedy": True, "top_k": None, "top_p": None,
-        "seed": 0, "device": "cpu", "dtype": "float32", "quantize": None, "eos_id": 50256,
+        "drafter": str(folders["draft"]), "ngram": None, "draft_p_min": None,
+        "gamma": 4, "schedule": "fixed 4", "tree": None, "max_gen": 20, "temperature": 0.0, "greedy": True,
+        "top_k": None, "top_p": None, "seed": 0, "device": "cpu", "dtype": "float32", "quantize": None,
+        "draft_quantize": None, "eos_id": 50256,
     }
     stats = out["stats"]
     assert stats["new_tokens"] == 20 and stats["gamma"] == 4
@@ -271,6 +275,72 @@ def test_int8_weights_reproduce_the_int8_target_alone(tmp_path, folders):
     assert out["settings"]["quantize"] == "int8"
     assert len(out["token_ids"]) == 20
     assert out["comparison"]["identical"] is True and out["comparison"]["baseline_token_ids"] == out["token_ids"]
+
+
+def test_an_int8_draft_keeps_the_float32_targets_output(capsys, folders, single_thread):
+    """--draft-quantize int8 quantises the draft only: greedy output is the float32 target's own."""
+    result = run_main(capsys, *local_models(folders), "--draft-quantize", "int8", "--json", "--compare")
+    assert_ok(result)
+    out = json.loads(result.stdout)
+    assert out["settings"]["quantize"] is None and out["settings"]["draft_quantize"] == "int8"
+    assert out["settings"]["drafter"] == f"{folders['draft']} (int8 weights)"
+    assert out["comparison"]["identical"] is True and len(out["token_ids"]) == 20
+    assert 0 < out["stats"]["alpha"] < 1
+
+
+@pytest.fixture
+def step_costs_cache(tmp_path, monkeypatch):
+    """--gamma auto's calibration goes to tmp_path, not the user's cache."""
+    import spec_decoding.costs
+
+    monkeypatch.setattr(spec_decoding.costs, "default_cache_dir", lambda: tmp_path / "step-costs")
+    return tmp_path / "step-costs"
+
+
+@pytest.mark.parametrize("gamma", ["auto", "heuristic"])
+def test_gamma_by_name_keeps_the_output_and_reports_the_k_it_chose(capsys, folders, single_thread, step_costs_cache,
+                                                                    gamma):
+    result = run_main(capsys, *local_models(folders), "--gamma", gamma, "--compare")
+    assert_ok(result)
+    assert "identical to the target alone, token for token (20 tokens)" in result.stdout
+    schedule = "auto" if gamma == "auto" else "heuristic (+2/-1)"
+    assert re.search(rf"γ per step\s+{re.escape(schedule)}: K = (\d+ x \d+(, )?)+ steps \(mean \d+\.\d\)",
+                     result.stdout), result.stdout
+    assert ("the step costs of this pair" in result.stderr) == (gamma == "auto")
+    assert len(list(step_costs_cache.glob("*.json"))) == (gamma == "auto")  # measured once, then cached
+
+
+def test_gamma_auto_in_json(capsys, folders, single_thread, step_costs_cache):
+    result = run_main(capsys, *local_models(folders), "--gamma", "auto", "--json")
+    assert_ok(result)
+    out = json.loads(result.stdout)
+    assert out["settings"]["gamma"] == "auto" and out["settings"]["schedule"] == "auto"
+    assert out["stats"]["gamma"] == 12 and sum(out["stats"]["gamma_hist"]) == out["stats"]["target_calls"]
+
+
+def test_prompt_lookup_needs_no_draft_model(capsys, folders, single_thread):
+    prompt = "one two three four, one two three four, one two three four, one two"
+    result = run_main(capsys, "--target", str(folders["target"]), "--draft", "ngram", "--ngram", "2",
+                      "--max-gen", MAX_GEN, "-p", prompt, "--compare")
+    assert_ok(result)
+    assert "identical to the target alone, token for token (20 tokens)" in result.stdout
+    assert re.search(r"drafter\s+prompt lookup \(n-gram, suffixes of up to 2 tokens, no model\)", result.stdout)
+    assert "loading draft" not in result.stderr  # no model was loaded
+    json_run = run_main(capsys, "--target", str(folders["target"]), "--draft", "ngram", "--max-gen", MAX_GEN,
+                        "-p", prompt, "--json")
+    out = json.loads(json_run.stdout)
+    assert out["settings"]["ngram"] == 3 and out["settings"]["draft_folder"] is None
+    assert out["stats"]["draft_calls"] == 0 and out["stats"]["drafted"] > 0
+
+
+def test_draft_p_min_keeps_the_output_and_drafts_less(capsys, folders, single_thread):
+    always = json.loads(run_main(capsys, *local_models(folders), "--json").stdout)
+    result = run_main(capsys, *local_models(folders), "--draft-p-min", "0.9", "--json", "--compare")
+    assert_ok(result)
+    out = json.loads(result.stdout)
+    assert out["comparison"]["identical"] is True and out["token_ids"] == always["token_ids"]
+    assert out["stats"]["drafted"] < always["stats"]["drafted"]
+    assert "stopping below top probability 0.9" in out["settings"]["drafter"]
 
 
 def test_sampling_with_a_seed_reproduces_with_the_prompt_from_stdin_too(tmp_path, folders):
@@ -542,10 +612,21 @@ def test_compare_report_says_plainly_when_the_speedups_disagree(folders, capsys)
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--gamma", "0"], "--gamma must be an integer >= 1, got 0"),
-        (["--gamma", "abc"], "argument --gamma: invalid int value: 'abc'"),
-        (["--gamma", "True"], "argument --gamma: invalid int value: 'True'"),
-        (["--gamma", "2.5"], "argument --gamma: invalid int value: '2.5'"),
+        (["--gamma", "0"], "--gamma must be an integer >= 1, 'auto' or 'heuristic', got 0"),
+        (["--gamma", "-3"], "--gamma must be an integer >= 1, 'auto' or 'heuristic', got -3"),
+        (["--gamma", "abc"], "argument --gamma: must be an integer >= 1, 'auto' or 'heuristic', got 'abc'"),
+        (["--gamma", "True"], "argument --gamma: must be an integer >= 1, 'auto' or 'heuristic', got 'True'"),
+        (["--gamma", "2.5"], "argument --gamma: must be an integer >= 1, 'auto' or 'heuristic', got '2.5'"),
+        (["--gamma", "Auto"], "argument --gamma: must be an integer >= 1, 'auto' or 'heuristic', got 'Auto'"),
+        (["--draft", "ngram", "--ngram", "0"], "--ngram must be an integer >= 1, got 0"),
+        (["--ngram", "2"], "--ngram is the suffix length of --draft ngram: add --draft ngram"),
+        (["--draft", "ngram", "--draft-quantize", "int8"], "--draft-quantize is for a draft model; --draft ngram"),
+        (["--draft", "ngram", "--draft-p-min", "0.3"], "--draft-p-min is for a draft model; --draft ngram"),
+        (["--draft-p-min", "1.5"], "--draft-p-min must be a probability in [0, 1], got 1.5"),
+        (["--gamma", "auto", "--tree", "2,1"], "--gamma auto drafts a chain, one sequence: leave out --tree"),
+        (["--draft", "ngram", "--show-tree"], "--draft ngram drafts a chain, one sequence: leave out --tree"),
+        (["--gamma", "heuristic", "--prompts-file", "prompts.txt"],
+         "--gamma heuristic works with one --prompt, not with --prompts-file"),
         (["--max-gen", "0"], "--max-gen must be an integer >= 1, got 0"),
         (["--temperature", "-0.5"], "--temperature must be a number >= 0 (0 = greedy), got -0.5"),
         (["--temperature", "nan"], "--temperature must be a number >= 0 (0 = greedy), got nan"),
@@ -569,7 +650,9 @@ def test_compare_report_says_plainly_when_the_speedups_disagree(folders, capsys)
         (["--tree", "2,1", "--tree-nodes", "4", "--tree-depth", "2"], "give --tree (a fixed shape) or --tree-nodes"),
         (["--tree", "2,1", "--gamma", "3"], "give --gamma (a chain of drafted tokens) or a tree"),
     ],
-    ids=["gamma-0", "gamma-abc", "gamma-bool", "gamma-float", "max-gen-0", "negative-temperature", "nan-temperature",
+    ids=["gamma-0", "gamma-negative", "gamma-abc", "gamma-bool", "gamma-float", "gamma-Auto", "ngram-0",
+         "ngram-without-ngram-draft", "ngram-draft-quantize", "ngram-p-min", "p-min-1.5", "auto-tree", "ngram-tree",
+         "heuristic-file", "max-gen-0", "negative-temperature", "nan-temperature",
          "inf-temperature", "top-p-0", "top-p-1.5", "top-p-nan", "top-k-0", "top-k-bool", "seed-float", "empty-prompt",
          "unknown-device", "tree-0", "tree-text", "tree-empty", "tree-nodes-alone", "tree-depth-alone",
          "tree-nodes-0", "tree-too-deep", "tree-nodes-text", "tree-and-dynamic", "tree-and-gamma"],
@@ -615,8 +698,12 @@ def test_unavailable_device(capsys, folders):
     [
         (["--quantize", "int4"], "unknown quantisation 'int4': choose none or int8"),
         (["--quantize", "int8", "--dtype", "bfloat16"], "int8 weights are for the CPU in float32, not cpu bfloat16"),
+        (["--draft-quantize", "int4"], "unknown quantisation 'int4': choose none or int8"),
+        (["--draft-quantize", "int8", "--dtype", "bfloat16"],
+         "int8 weights are for the CPU in float32, not cpu bfloat16: use --device cpu --dtype float32, or leave out "
+         "--draft-quantize"),
     ],
-    ids=["unknown", "bfloat16"],
+    ids=["unknown", "bfloat16", "draft-unknown", "draft-bfloat16"],
 )
 def test_bad_quantisation(capsys, folders, args, message):
     assert_bad_input(run_main(capsys, *local_models(folders), *args), message)
