@@ -20,10 +20,11 @@ Parts (--parts, all by default):
   drafts (drafted - accepted) and tokens per target call; the acceptance
   change from an int8 draft; prompt lookup on the small target.
 
-Timing: plain decoding and every method run back to back in each repeat (in
-rotated order); a speedup is the median over repeats of plain time / method
-time within the repeat. Every run emits exactly --max-gen tokens (no EOS)
-and is checked to reproduce plain greedy decoding token for token.
+Timing: in each repeat, plain decoding runs before, between every two and
+after the methods (in rotated order); a method's speedup is the median over
+repeats of the mean of the plain runs around it over its own time. Every run
+emits exactly --max-gen tokens (no EOS) and is checked to reproduce plain
+greedy decoding token for token.
 
 Usage:
     python -m benchmarks.drafting                              # everything, modest settings
@@ -128,25 +129,39 @@ def gamma_summary(stats: SpecStats) -> str:
 
 
 def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: int, reference: list[int]) -> dict:
-    """Times plain decoding and every method in each repeat (rotated order).
+    """Times every method against plain decoding, in each repeat (in rotated
+    order) as: plain, two methods, plain, two methods, ..., plain. A method's
+    ratio is the mean of the plain runs just before and just after it over its
+    own time, so a machine whose speed drifts (a shared one) skews it little.
 
-    Returns {method: {"speedup": median ratio, "ratios": [...], "stats": last SpecStats dict,
-    "seconds": [...]}} with "plain" holding the plain seconds."""
+    Returns {method: {"speedup": median ratio, "ratios": [...], "seconds": [...],
+    "stats": the last run's SpecStats dict}}, and "plain": {"seconds": [...]}."""
     device = target.device
     names = list(methods)
     results = {name: {"ratios": [], "seconds": []} for name in names}
     plain_seconds = []
+
+    def plain() -> float:
+        seconds, out, _ = timed(plain_run(target, ids, max_gen), device)
+        assert out[0].tolist() == reference, "plain decoding changed between runs"
+        plain_seconds.append(seconds)
+        return seconds
+
     for r in range(repeats):
-        plain_t, out, _ = timed(plain_run(target, ids, max_gen), device)
-        assert out[0].tolist() == reference, "plain decoding changed between repeats"
-        plain_seconds.append(plain_t)
         shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            seconds, out, stats = timed(methods[name], device)
-            assert out[0].tolist() == reference, f"{name}: the output differs from plain greedy decoding"
-            results[name]["seconds"].append(seconds)
-            results[name]["ratios"].append(plain_t / seconds)
-            results[name]["stats"] = stats.to_dict()
+        order = names[shift:] + names[:shift]
+        for i in range(0, len(order), 2):
+            before = plain() if i == 0 else after
+            pair = {}
+            for name in order[i : i + 2]:
+                seconds, out, stats = timed(methods[name], device)
+                assert out[0].tolist() == reference, f"{name}: the output differs from plain greedy decoding"
+                pair[name] = seconds
+                results[name]["seconds"].append(seconds)
+                results[name]["stats"] = stats.to_dict()
+            after = plain()
+            for name, seconds in pair.items():
+                results[name]["ratios"].append((before + after) / 2 / seconds)
     for name in names:
         results[name]["speedup"] = statistics.median(results[name]["ratios"])
     results["plain"] = {"seconds": plain_seconds}
@@ -331,7 +346,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true", help="tiny random models instead (a smoke run)")
     ap.add_argument("--alphas", type=float, nargs="+", default=[0.5, 0.6, 0.7, 0.8, 0.9])
     ap.add_argument("--int8-alpha", type=float, default=0.8, help="simulated α of the int8-draft comparison")
-    ap.add_argument("--gammas", type=int, nargs="+", default=list(range(1, 11)), help="fixed γ tried (1 .. 10)")
+    ap.add_argument("--gammas", type=int, nargs="+", default=list(range(1, 9)), help="fixed γ tried (default 1 .. 8)")
     ap.add_argument("--ngram", type=int, default=3, help="the n-gram drafter's longest suffix (default 3)")
     ap.add_argument("--max-gen", type=int, default=64, help="tokens per run (default 64)")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
