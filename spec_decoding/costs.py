@@ -30,9 +30,6 @@ from gpt2.model import GPT2
 
 from .stats import clock
 
-# Target passes of k tokens are timed for k in this grid (and K + 1), the rest
-# interpolated: t_v(k) is close to linear in k between these points.
-VERIFY_GRID = (1, 2, 3, 5, 9, 13, 17, 33)
 CONTEXT = 64  # tokens in the KV caches while timing (the attention term is small at any length)
 ROUNDS = 5  # each kind of pass is timed once per round; the median over rounds is kept
 
@@ -67,29 +64,23 @@ class StepCosts:
         return K * self.t_draft + self.t_verify[K]
 
 
-def interpolate(points: dict[int, float], max_tokens: int) -> tuple[float, ...]:
-    """t_v(k) for k = 1 .. max_tokens from its values at a few k (which must
-    include 1 and max_tokens): linear between them, then made non-decreasing
-    (a pass over more tokens never costs less; a lower figure is noise)."""
-    ks = sorted(points)
-    assert ks[0] == 1 and ks[-1] == max_tokens, ks
-    values = []
-    for k in range(1, max_tokens + 1):
-        hi = next(j for j in ks if j >= k)
-        lo = max(j for j in ks if j <= k)
-        w = 0.0 if hi == lo else (k - lo) / (hi - lo)
-        values.append((1 - w) * points[lo] + w * points[hi])
-    for i in range(1, len(values)):
-        values[i] = max(values[i], values[i - 1])
-    return tuple(values)
+def non_decreasing(values: list[float]) -> tuple[float, ...]:
+    """Each value raised to the largest before it: a pass over more tokens
+    never costs less than one over fewer, so a lower figure is noise."""
+    out = list(values)
+    for i in range(1, len(out)):
+        out[i] = max(out[i], out[i - 1])
+    return tuple(out)
 
 
 @torch.inference_mode()
 def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = ROUNDS) -> StepCosts:
     """Times t_d and t_v(k), k = 1 .. max_tokens, now: in `rounds` rounds that
     each time one pass of every kind (so a slow phase of a shared machine hits
-    every kind alike), after one untimed warm-up round. Medians over rounds."""
-    grid = sorted({k for k in VERIFY_GRID if k < max_tokens} | {max_tokens})
+    every kind alike), after one untimed warm-up round. Medians over rounds.
+    Every k is timed: t_v(k) is not smooth in k (the kernels work on groups
+    of rows, so it rises in steps), and the best K often sits at a step."""
+    ks = range(1, max_tokens + 1)
     device = target.device
     models = {"target": target} if draft is None else {"target": target, "draft": draft}
     caches, lengths = {}, {}
@@ -103,7 +94,7 @@ def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = 
         caches[name] = model.new_cache(1)
         context = torch.arange(lengths[name], device=device)[None] % model.config.vocab_size  # (1, length)
         model(context, caches[name], last_logits_only=True)
-    passes = [("target", k) for k in grid] + ([("draft", 1)] if draft is not None else [])
+    passes = [("target", k) for k in ks] + ([("draft", 1)] if draft is not None else [])
     seconds: dict[tuple[str, int], list[float]] = {p: [] for p in passes}
     for round_ in range(rounds + 1):
         for name, k in passes:
@@ -114,7 +105,7 @@ def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = 
             caches[name].rewind(lengths[name])
             if round_ > 0:  # round 0 warms up
                 seconds[(name, k)].append(t1 - t0)
-    t_verify = interpolate({k: statistics.median(seconds[("target", k)]) for k in grid}, max_tokens)
+    t_verify = non_decreasing([statistics.median(seconds[("target", k)]) for k in ks])
     t_draft = statistics.median(seconds[("draft", 1)]) if draft is not None else 0.0
     return StepCosts(t_draft=t_draft, t_verify=t_verify)
 
@@ -147,7 +138,6 @@ def calibration_key(target: GPT2, draft: GPT2 | None, max_tokens: int) -> dict:
         "target": describe(target),
         "draft": describe(draft),
         "max_tokens": max_tokens,
-        "grid": list(VERIFY_GRID),
         "context": CONTEXT,
         "rounds": ROUNDS,
     }
