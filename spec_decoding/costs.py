@@ -7,9 +7,10 @@ of one token, then one target pass over the pending token and the K drafts
 (Leviathan et al. 2023, section 3, with the verification at its measured
 cost; on a CPU t_v(k) grows with k). `gamma="auto"` (schedule.py) weighs the
 tokens a step is expected to emit against this cost. `calibrate` measures both
-once (seconds: five timed rounds of every pass length) and keeps them in a JSON file under the C kernels'
-cache folder, keyed by the machine, the models' shapes, device, dtype and
-which forward path each model takes (fast or readable, float32 or int8).
+once (seconds: five timed rounds of every pass length) and keeps them in a
+JSON file under the C kernels' cache folder, keyed by the machine, the models'
+shapes, device, dtype and which forward path each model takes (fast or
+readable, float32 or int8).
 """
 
 from __future__ import annotations
