@@ -1,0 +1,329 @@
+"""Throughput of batched decoding: tokens per second of plain batched decoding
+(`gpt2.generate`) and of batched speculative decoding (spec_decoding/batch.py)
+for B = 1, 2, 4, 8 rows, each against plain decoding at B = 1, and the step
+costs that explain them.
+
+On a CPU a decode step reads every weight once whatever B, so B rows should
+cost little more than one until the pass turns compute-bound. Verification
+feeds B (gamma + 1) rows: speculation multiplies the rows of a pass by
+gamma + 1, so it reaches that turn gamma + 1 times sooner, and stops paying
+where t_v(B (gamma + 1) rows) grows faster than the tokens per step it buys.
+
+Acceptance is simulated (`SimulatedBatchDrafter`): per row, the target's own
+greedy token with probability --alpha, the draft model's forward passes paid.
+Timed, in every repeat, each in turn (reversed on odd repeats): whole
+generation runs (plain; speculative for each --gammas), and on a cache of
+--context positions per row one pass of B rows (t_step), of B (gamma + 1)
+rows (t_v) and of the draft (t_d), each between two read-bandwidth samples.
+Ratios are taken within a repeat, then the median over repeats.
+
+    python -m benchmarks.batch_speed                       # gpt2 -> gpt2-large shapes
+    python -m benchmarks.batch_speed --repeats 5 --gammas 1 2 3 4 6 --step-batches 1 2 4 8 16
+
+Outputs (in --out, default benchmarks/results/batch_speed-<UTC time>/):
+batch_speed.md (the tables, with the environment header), batch_speed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import shlex
+import sys
+from statistics import median
+
+import torch
+
+from benchmarks.common import build_pair, environment, environment_lines, markdown_table, results_dir, run_cli
+from benchmarks.common import write_json
+from benchmarks.decode_speed import BandwidthProbe, timed, weight_bytes
+from gpt2 import GPT2, fast, generate
+from spec_decoding import SimulatedBatchDrafter, predicted_speedup, speculative_generate
+
+MAIN_GAMMA = 4  # the issue's setting for the main table
+GOAL_PLAIN_B8 = 5.0  # plain B = 8 against plain B = 1
+GOAL_SPEC_B2 = 1.3  # speculative B = 2 (best gamma) against plain B = 2
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def make_prompts(B: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    """B prompts of random token ids, of different lengths around `length`."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [max(1, length + (8 * b) % 25 - 12) for b in range(B)]  # e.g. 20 .. 44 for length 32
+    return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in lengths]
+
+
+# ---------------------------------------------------------------------------
+# What is timed
+# ---------------------------------------------------------------------------
+
+
+def plain_run(target: GPT2, prompts: list[list[int]], n: int) -> tuple[float, list[list[int]]]:
+    """Seconds of `generate` on the batch, and its rows (the simulation's references)."""
+    rows = []
+    seconds = timed(lambda: rows.extend(generate(target, prompts, n)))
+    return seconds, rows
+
+
+def spec_run(target: GPT2, draft: GPT2, prompts: list[list[int]], references: list[list[int]], n: int,
+             gamma: int, alpha: float, seed: int) -> tuple[float, dict]:
+    """Seconds of batched speculative decoding with simulated acceptance, and its BatchStats as a dict."""
+    drafter = SimulatedBatchDrafter(draft, references, alpha, seed=seed)
+    result = []
+    seconds = timed(lambda: result.extend(speculative_generate(target, drafter, prompts, gamma=gamma,
+                                                               max_new_tokens=n)))
+    rows, stats = result
+    assert rows == references, "greedy speculative decoding must reproduce plain decoding"
+    return seconds, stats.to_dict()
+
+
+def warm_up(pair, args: argparse.Namespace, prompts: list[list[int]]) -> None:
+    """Short uncounted runs at the largest batch (first-touch page faults,
+    the kernels' first calls), before any repeat."""
+    B = max(args.batch_sizes)
+    _, references = plain_run(pair.target, prompts[:B], 2)
+    spec_run(pair.target, pair.draft, prompts[:B], references, 2, max(args.gammas), args.alpha, args.seed)
+    pass_seconds(pair.target, max(args.step_batches), max(args.gammas) + 1, args.context, args.seed)
+    pass_seconds(pair.draft, max(args.step_batches), 1, args.context, args.seed)
+
+
+def pass_seconds(model: GPT2, B: int, T: int, context: int, seed: int) -> float:
+    """One forward pass of B rows x T new tokens on a cache holding `context` positions per row."""
+    g = torch.Generator().manual_seed(seed)
+    cache = model.new_cache(B, capacity=context + T)
+    with torch.inference_mode():
+        model(torch.randint(0, model.config.vocab_size, (B, context), generator=g), cache, last_logits_only=True)
+        tokens = torch.randint(0, model.config.vocab_size, (B, T), generator=g)
+        return timed(model, tokens, cache)
+
+
+def pass_bytes(model: GPT2, B: int, context: int) -> int:
+    """Bytes a pass of B rows must read: every weight once, and each row's cached keys and values."""
+    c = model.config
+    return weight_bytes(model, False) + B * 2 * c.n_layer * (context + 1) * c.n_embd * model.dtype.itemsize
+
+
+def one_repeat(pair, args: argparse.Namespace, prompts: list[list[int]], reverse: bool,
+               probe: BandwidthProbe) -> dict:
+    """Every measurement once: "plain B=<B>", "spec B=<B> gamma=<g>" (seconds
+    and stats), "t_step B=<B>", "t_v B=<B>", "t_d B=<B>", "bandwidth B=<B>"."""
+    got: dict = {}
+    batches = list(reversed(args.batch_sizes)) if reverse else args.batch_sizes
+    for B in batches:
+        seconds, references = plain_run(pair.target, prompts[:B], args.new_tokens)
+        got[f"plain B={B}"] = seconds
+        for gamma in (reversed(args.gammas) if reverse else args.gammas):
+            got[f"spec B={B} gamma={gamma}"] = spec_run(pair.target, pair.draft, prompts[:B], references,
+                                                         args.new_tokens, gamma, args.alpha, args.seed + B)
+        gc.collect()
+    for B in (list(reversed(args.step_batches)) if reverse else args.step_batches):
+        before = probe.sample()
+        got[f"t_step B={B}"] = pass_seconds(pair.target, B, 1, args.context, args.seed)
+        got[f"bandwidth B={B}"] = (before + probe.sample()) / 2
+        for gamma in args.gammas:
+            got[f"t_v B={B} gamma={gamma}"] = pass_seconds(pair.target, B, gamma + 1, args.context, args.seed)
+        got[f"t_d B={B}"] = pass_seconds(pair.draft, B, 1, args.context, args.seed)
+        gc.collect()
+    return got
+
+
+# ---------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------
+
+
+def summarise(repeats: list[dict], args: argparse.Namespace, pair) -> dict:
+    """Medians over repeats; every ratio taken within a repeat first."""
+    n = args.new_tokens
+
+    def med(fn) -> float:
+        return median(fn(r) for r in repeats)
+
+    def plain_tps(r, B):
+        return B * n / r[f"plain B={B}"]
+
+    def spec_tps(r, B, g):
+        seconds, stats = r[f"spec B={B} gamma={g}"]
+        return stats["new_tokens"] / seconds
+
+    throughput = {}
+    for B in args.batch_sizes:
+        entry = {"plain_tokens_per_s": med(lambda r: plain_tps(r, B)),
+                 "plain_vs_plain_B1": med(lambda r: plain_tps(r, B) / plain_tps(r, 1)), "spec": {}}
+        for g in args.gammas:
+            entry["spec"][g] = {
+                "tokens_per_s": med(lambda r: spec_tps(r, B, g)),
+                "vs_plain_B1": med(lambda r: spec_tps(r, B, g) / plain_tps(r, 1)),
+                "vs_plain_same_B": med(lambda r: spec_tps(r, B, g) / plain_tps(r, B)),
+                "alpha": med(lambda r: r[f"spec B={B} gamma={g}"][1]["alpha"]),
+                "tokens_per_target_call": med(lambda r: r[f"spec B={B} gamma={g}"][1]["tokens_per_target_call"]),
+            }
+        entry["best_gamma"] = max(args.gammas, key=lambda g: entry["spec"][g]["tokens_per_s"])
+        throughput[B] = entry
+
+    steps = {}
+    weights = weight_bytes(pair.target, False)
+    for B in args.step_batches:
+        nbytes = pass_bytes(pair.target, B, args.context)
+        entry = {
+            "t_step_s": med(lambda r: r[f"t_step B={B}"]),
+            "step_vs_B1": med(lambda r: r[f"t_step B={B}"] / r["t_step B=1"]),
+            "t_d_s": med(lambda r: r[f"t_d B={B}"]),
+            "bytes": nbytes,
+            "bound_s": med(lambda r: nbytes / r[f"bandwidth B={B}"]),
+            "fraction_of_bound": med(lambda r: nbytes / r[f"bandwidth B={B}"] / r[f"t_step B={B}"]),
+            "verify": {},
+        }
+        for g in args.gammas:
+            alpha = args.alpha
+            entry["verify"][g] = {
+                "rows": B * (g + 1),
+                "t_v_s": med(lambda r: r[f"t_v B={B} gamma={g}"]),
+                "r": med(lambda r: r[f"t_v B={B} gamma={g}"] / r[f"t_step B={B}"]),  # against a plain step of B rows
+                "fraction_of_bound": med(lambda r: nbytes / r[f"bandwidth B={B}"] / r[f"t_v B={B} gamma={g}"]),
+                # Leviathan et al.'s speedup over plain decoding at the same B, from these step costs.
+                "predicted_speedup": med(lambda r: predicted_speedup(
+                    alpha, g, r[f"t_d B={B}"], r[f"t_step B={B}"], r[f"t_v B={B} gamma={g}"])),
+            }
+        entry["best_predicted_gamma"] = max(args.gammas, key=lambda g: entry["verify"][g]["predicted_speedup"])
+        steps[B] = entry
+    stops = [B for B in args.step_batches
+             if steps[B]["verify"][steps[B]["best_predicted_gamma"]]["predicted_speedup"] <= 1.0]
+    measured_stops = [B for B in args.batch_sizes
+                      if throughput[B]["spec"][throughput[B]["best_gamma"]]["vs_plain_same_B"] <= 1.0]
+    return {"throughput": throughput, "steps": steps, "weight_bytes": weights,
+            "speculation_stops_paying_at_B": {"measured": measured_stops[0] if measured_stops else None,
+                                              "predicted": stops[0] if stops else None}}
+
+
+def report_lines(summary: dict, args: argparse.Namespace) -> list[str]:
+    g_main = MAIN_GAMMA if MAIN_GAMMA in args.gammas else args.gammas[-1]
+    tp, steps = summary["throughput"], summary["steps"]
+    lines = ["## Tokens per second", "",
+             f"{args.new_tokens} new tokens per row, prompts of {args.prompt_len} +- 12 tokens; speculative: "
+             f"gamma = {g_main}, simulated alpha = {args.alpha}. Each ratio is the median of the per-repeat ratios.",
+             ""]
+    rows = []
+    for B, e in tp.items():
+        s = e["spec"][g_main]
+        rows.append([str(B), f"{e['plain_tokens_per_s']:.2f}", f"{e['plain_vs_plain_B1']:.2f}x",
+                     f"{s['tokens_per_s']:.2f}", f"{s['vs_plain_B1']:.2f}x", f"{s['vs_plain_same_B']:.2f}x",
+                     f"{s['alpha']:.2f}", f"{s['tokens_per_target_call']:.2f}"])
+    headers = ["B", "plain tok/s", "plain / plain B=1", f"spec tok/s (gamma {g_main})", "spec / plain B=1",
+               "spec / plain same B", "alpha", "batch tokens / target call"]
+    lines += [markdown_table(headers, rows), ""]
+
+    lines += ["## Which gamma for which B", "",
+              "Speculative tokens per second over plain decoding at the same B (measured runs).", ""]
+    rows = [[str(B)] + [f"{e['spec'][g]['vs_plain_same_B']:.2f}x" for g in args.gammas] + [str(e["best_gamma"])]
+            for B, e in tp.items()]
+    lines += [markdown_table(["B"] + [f"gamma {g}" for g in args.gammas] + ["best gamma"], rows), ""]
+
+    lines += ["## Step cost against B", "",
+              f"One pass on a cache of {args.context} positions per row. t_step: B rows x 1 token; bound: the "
+              "bytes it must read (weights once, each row's keys and values) over the read bandwidth sampled "
+              "around it; r = t_v(B (gamma + 1) rows) / t_step(B rows); predicted: E(alpha, gamma) t_step / "
+              "(gamma t_d + t_v), Leviathan et al. 2023 Thm 3.8 with these costs.", ""]
+    rows = []
+    for B, e in steps.items():
+        v = e["verify"][g_main]
+        rows.append([str(B), f"{1e3 * e['t_step_s']:.1f}", f"{e['step_vs_B1']:.2f}x", f"{1e3 * e['bound_s']:.1f}",
+                     f"{100 * e['fraction_of_bound']:.0f}%", f"{1e3 * e['t_d_s']:.1f}", str(v["rows"]),
+                     f"{1e3 * v['t_v_s']:.1f}", f"{v['r']:.2f}", f"{100 * v['fraction_of_bound']:.0f}%",
+                     f"{v['predicted_speedup']:.2f}x", str(e["best_predicted_gamma"])])
+    lines += [markdown_table(["B", "t_step ms", "t_step / t_step(1)", "bound ms", "% of bound", "t_d ms",
+                              f"rows (gamma {g_main})", "t_v ms", "r", "t_v % of bound",
+                              f"predicted (gamma {g_main})", "best predicted gamma"], rows), ""]
+
+    goal_plain = tp[8]["plain_vs_plain_B1"] if 8 in tp else None
+    goal_spec = tp[2]["spec"][tp[2]["best_gamma"]]["vs_plain_same_B"] if 2 in tp else None
+    stop = summary["speculation_stops_paying_at_B"]
+    lines += ["## Goals", ""]
+    if goal_plain is not None:
+        lines.append(f"- plain B = 8 / plain B = 1: {goal_plain:.2f}x (goal >= {GOAL_PLAIN_B8}x): "
+                     + ("met" if goal_plain >= GOAL_PLAIN_B8 else "NOT met"))
+    if goal_spec is not None:
+        lines.append(f"- speculative B = 2 (gamma {tp[2]['best_gamma']}) / plain B = 2: {goal_spec:.2f}x "
+                     f"(goal >= {GOAL_SPEC_B2}x): " + ("met" if goal_spec >= GOAL_SPEC_B2 else "NOT met"))
+    lines.append(f"- speculation stops paying (best gamma <= 1x plain at the same B): measured at B = "
+                 f"{stop['measured'] or 'none of ' + str(args.batch_sizes)}; predicted from the step costs at B = "
+                 f"{stop['predicted'] or 'none of ' + str(args.step_batches)}")
+    return lines
+
+
+# ---------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--target", default="gpt2-large", help="target shape (random weights)")
+    p.add_argument("--draft", default="gpt2", help="draft shape (random weights)")
+    p.add_argument("--tiny", action="store_true", help="tiny random models, for tests and smoke runs")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8], help="B of the generation runs")
+    p.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4], help="draft lengths to time")
+    p.add_argument("--step-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="B of the step costs")
+    p.add_argument("--alpha", type=float, default=0.8, help="simulated acceptance rate")
+    p.add_argument("--new-tokens", type=int, default=24, help="new tokens per row")
+    p.add_argument("--prompt-len", type=int, default=32, help="prompt length (rows differ by up to +-12)")
+    p.add_argument("--context", type=int, default=64, help="cached positions per row for the step costs")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=0, help="uncounted full repeats first (after a short warm-up)")
+    p.add_argument("--bandwidth-mib", type=int, default=256, help="size of the read-bandwidth probe")
+    p.add_argument("--threads", type=int, default=None, help="torch (and kernel) threads; default: torch's")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="results folder")
+    args = p.parse_args(argv)
+    for name in ("batch_sizes", "gammas", "step_batches"):
+        if min(getattr(args, name)) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must all be >= 1")
+    if 1 not in args.batch_sizes or 1 not in args.step_batches:
+        raise ValueError("--batch-sizes and --step-batches must include 1: every ratio is against B = 1")
+    if not 0.0 <= args.alpha <= 1.0:
+        raise ValueError(f"--alpha must lie in [0, 1], got {args.alpha}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if min(args.new_tokens, args.prompt_len, args.context, args.repeats) < 1 or args.warmup < 0:
+        raise ValueError("--new-tokens, --prompt-len, --context and --repeats must be >= 1, --warmup >= 0")
+    args.batch_sizes, args.gammas, args.step_batches = (sorted(set(v)) for v in
+                                                         (args.batch_sizes, args.gammas, args.step_batches))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)  # the kernels share torch's OpenMP pool (gpt2/fast/build.py)
+    say(f"building {'tiny models' if args.tiny else f'{args.target} and {args.draft} (random weights)'} ...")
+    pair = build_pair(args.target, args.draft, weights="tiny" if args.tiny else "random", seed=args.seed)
+    prompts = make_prompts(max(args.batch_sizes), args.prompt_len, pair.target.config.vocab_size, args.seed)
+    probe = BandwidthProbe(args.bandwidth_mib)
+    warm_up(pair, args, prompts)
+    repeats = []
+    for i in range(args.warmup + args.repeats):
+        say(f"repeat {i + 1 - args.warmup} of {args.repeats}" if i >= args.warmup else "warm-up")
+        got = one_repeat(pair, args, prompts, reverse=bool(i % 2), probe=probe)
+        if i >= args.warmup:
+            repeats.append(got)
+    summary = summarise(repeats, args, pair)
+
+    folder = results_dir(args.out, "batch_speed")
+    env = environment(pair.device, pair.dtype, {"target": pair.target_name, "draft": pair.draft_name},
+                      fast.status(pair.target))
+    command = "python -m benchmarks.batch_speed " + shlex.join(argv if argv is not None else sys.argv[1:])
+    lines = ["# Batched decoding: tokens per second against B", "", *environment_lines(env),
+             f"- command: `{command}`", "", *report_lines(summary, args)]
+    (folder / "batch_speed.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_json(folder / "batch_speed.json", {"environment": env, "command": command, "settings": vars(args),
+                                             "summary": summary, "samples": repeats})
+    print("\n".join(lines))
+    say(f"written to {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

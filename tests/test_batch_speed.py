@@ -1,0 +1,49 @@
+"""benchmarks/batch_speed.py on tiny shapes: a short run writes its tables and
+its JSON, with every ratio against B = 1 and the step costs against the
+bandwidth bound. Speed itself is never asserted here."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from benchmarks.batch_speed import main, make_prompts
+from benchmarks.common import run_cli
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: a thread pool only adds waiting
+
+
+def test_a_short_run_writes_the_tables_and_the_json(tmp_path, fast_kernels):
+    out = tmp_path / "bs"
+    args = ["--tiny", "--repeats", "2", "--warmup", "0", "--batch-sizes", "1", "2", "--gammas", "1", "4",
+            "--step-batches", "1", "3", "--new-tokens", "6", "--context", "8", "--bandwidth-mib", "16",
+            "--out", str(out)]
+    assert run_cli(main, args) == 0
+    report = (out / "batch_speed.md").read_text(encoding="utf-8")
+    for heading in ("## Tokens per second", "## Which gamma for which B", "## Step cost against B", "## Goals"):
+        assert heading in report
+    assert "- forward pass: fast path: C kernels" in report
+    summary = json.loads((out / "batch_speed.json").read_text(encoding="utf-8"))["summary"]
+    assert summary["throughput"]["1"]["plain_vs_plain_B1"] == 1.0
+    assert set(summary["throughput"]["2"]["spec"]) == {"1", "4"}
+    assert summary["steps"]["3"]["verify"]["4"]["rows"] == 15  # B (gamma + 1) rows
+    assert summary["steps"]["1"]["step_vs_B1"] == 1.0
+
+
+def test_prompts_differ_in_length():
+    prompts = make_prompts(8, 32, 50257, seed=0)
+    assert len({len(p) for p in prompts}) > 1 and all(20 <= len(p) <= 44 for p in prompts)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--batch-sizes", "2", "4"], "must include 1"),
+    (["--gammas", "0"], "--gammas must all be >= 1"),
+    (["--alpha", "1.5"], r"--alpha must lie in \[0, 1\]"),
+])
+def test_bad_settings_are_one_line_and_exit_2(bad, message, capsys):
+    assert run_cli(main, ["--tiny", *bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert re.search(message, err)
