@@ -5,11 +5,12 @@ random weights, fp32, batch 1. r_k = t_v(k) / t_step is the cost of
 verifying gamma = k - 1 drafts: speculative decoding pays only while it stays
 near 1 (Leviathan et al. 2023). --tree-mask also times each k with a token
 tree's mask; --busy N keeps N cores busy in every other phase, for every
-figure and the simulated alpha 0.8, gamma 4 speedup quiet and loaded.
+figure and the simulated alpha 0.8, gamma 4 speedup quiet and loaded;
+--fixed-threads also times the fast path without its thread chooser.
 
     python -m benchmarks.decode_speed                      # gpt2 and gpt2-large shapes
     python -m benchmarks.decode_speed --models gpt2-large --tree-mask --readable --int8
-    python -m benchmarks.decode_speed --models gpt2-large --busy 1 --repeats 5
+    python -m benchmarks.decode_speed --models gpt2-large --busy 1 --fixed-threads --repeats 5
 
 Outputs (--out, default benchmarks/results/decode_speed-<UTC time>/):
 decode_speed.md (the tables, with the environment header), decode_speed.json (every sample).
@@ -128,26 +129,35 @@ def tree_mask(k: int) -> torch.Tensor:
 
 class OursRunner:
     """Our GPT-2 with a KV cache per context slot: the fast path it was given,
-    or (`readable`) the same model with `model.accelerator = None`; `tree`:
+    or (`readable`) the same model with `model.accelerator = None`, or
+    (`fixed_threads`) the fast path without its thread chooser; `tree`:
     verification passes take `tree_mask(k)`."""
 
-    def __init__(self, model: GPT2, label: str = "ours", *, readable: bool = False, tree: bool = False) -> None:
+    def __init__(self, model: GPT2, label: str = "ours", *, readable: bool = False, tree: bool = False,
+                 fixed_threads: bool = False) -> None:
         self.model, self.name, self.readable, self.tree = model, label, readable, tree
-        self.label = label + (", readable" if readable else "") + (", tree mask" if tree else "")
+        self.fixed_threads = fixed_threads
+        self.label = (label + (", readable" if readable else "") + (", fixed threads" if fixed_threads else "")
+                      + (", tree mask" if tree else ""))
         self.int8 = not readable and getattr(model.accelerator, "int8", False)  # the kernels read int8 weights
         self.caches = {}
 
     def twin(self, *, readable: bool, tree: bool) -> OursRunner:
-        return OursRunner(self.model, self.name, readable=readable, tree=tree)
+        return OursRunner(self.model, self.name, readable=readable, tree=tree, fixed_threads=self.fixed_threads)
 
     def forward(self, tokens: torch.Tensor, cache, **kwargs) -> torch.Tensor:
         accelerator = self.model.accelerator
+        chooser = getattr(accelerator, "threads", None)
         if self.readable:
             self.model.accelerator = None
+        elif self.fixed_threads and accelerator is not None:
+            accelerator.threads = None  # every pass on torch.get_num_threads() threads
         try:
             return self.model(tokens, cache, **kwargs)
         finally:
             self.model.accelerator = accelerator
+            if accelerator is not None:
+                accelerator.threads = chooser
 
     def prefill(self, prompt: torch.Tensor, slot: str) -> None:
         """Empties cache `slot` and fills it with `prompt` (1, P)."""
@@ -280,6 +290,8 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
     if args.int8:
         say(f"[{name}] the same weights quantised to int8 ...")
         runners.append(OursRunner(random_model(config, seed=args.seed, quantize="int8"), "ours, int8 weights"))
+    if args.fixed_threads:
+        runners.append(OursRunner(model, fixed_threads=True))
     if args.readable:
         runners.append(runners[0].twin(readable=True, tree=False))
     if args.tree_mask:
@@ -423,7 +435,8 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
               "1 byte each plus their rows' scales) / read bandwidth. % of bound: each step against the bound of the "
               "bandwidth sampled around it, median over the repeats; the bound column uses the median bandwidth. "
               "r_k: the median over the repeats of t_v(k) / t_step within each repeat. \"readable\": the same model "
-              "with `model.accelerator = None`; \"tree mask\": verification passes take a binary tree's ancestor "
+              "with `model.accelerator = None`; \"fixed threads\": the fast path on every thread, without the thread "
+              "chooser of gpt2/fast/threads.py; \"tree mask\": verification passes take a binary tree's ancestor "
               "mask.", "", markdown_table(headers, rows), "",
               f"## Verification of k tokens in one forward pass at context {args.prefix}: t_v(k) in ms (r_k = "
               "t_v(k) / t_step: the median over the repeats of each repeat's ratio)", "",
@@ -486,6 +499,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also time the same model on the readable path (model.accelerator = None)")
     p.add_argument("--tree-mask", action="store_true",
                    help="also time every verification with a token tree's ancestor mask")
+    p.add_argument("--fixed-threads", action="store_true", help="also time the fast path without its thread "
+                   "chooser: every pass on all torch threads (gpt2/fast/threads.py)")
     p.add_argument("--int8", action="store_true", help="also time the model with int8 weight matrices "
                    "(gpt2.fast.accelerate(model, int8=True)), against its own bound")
     p.add_argument("--busy", type=int, default=0, metavar="N", help="also measure everything with N cores kept "

@@ -67,11 +67,12 @@ def test_the_loaded_mode_reports_quiet_and_loaded_rows(tmp_path):
     out = tmp_path / "busy"
     transformers = pytest.importorskip("transformers") is not None
     args = ["--models", "tiny", "--draft", "tiny-draft", "--busy", "1", "--repeats", "1", "--warmup", "0",
-            "--ks", "5", "--prefix", "8", "--long", "0", "--gen", "8", "--bandwidth-mib", "16", "--out", str(out)]
+            "--ks", "5", "--prefix", "8", "--long", "0", "--gen", "8", "--bandwidth-mib", "16", "--fixed-threads",
+            "--out", str(out)]
     assert run_cli(main, args) == 0
     report = (out / "decode_speed.md").read_text(encoding="utf-8")
     for load in ("quiet", "1 busy"):
-        assert f"| tiny | {load} | ours |" in report
+        assert f"| tiny | {load} | ours |" in report and f"| tiny | {load} | ours, fixed threads |" in report
         assert f"| tiny | {load} | transformers |" in report or not transformers
     assert "## Speculative decoding under load: tiny-draft -> tiny, simulated α = 0.8, γ = 4" in report
     assert "\n| quiet | " in report and "\n| 1 busy | " in report  # the speedup, one row each

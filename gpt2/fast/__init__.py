@@ -40,7 +40,7 @@ READABLE_ENV = "GPT2_PLAIN_LINEAR"  # =1: the readable path everywhere
 __all__ = ["READABLE_ENV", "accelerate", "status"]
 
 
-def accelerate(model: GPT2, *, int8: bool = False) -> GPT2:
+def accelerate(model: GPT2, *, int8: bool = False, adapt_threads: bool = True) -> GPT2:
     """Puts the C forward pass at `model`'s seam, where it can run: an x86-64
     CPU with AVX2, a C compiler, a CPU float32 model and GPT2_PLAIN_LINEAR
     unset. Elsewhere the model keeps its readable path (`status` says why) and
@@ -52,6 +52,10 @@ def accelerate(model: GPT2, *, int8: bool = False) -> GPT2:
             (gpt2/fast/quantize.py; CPU float32 only). The model is then the
             quantised model on every path, and the kernels read a quarter of
             the bytes.
+        adapt_threads: time the passes and run them with fewer threads
+            while that is faster, as when another process keeps a core busy
+            (gpt2/fast/threads.py; the results do not change). False: always
+            `torch.get_num_threads()`.
 
     Returns:
         The same model.
@@ -62,7 +66,8 @@ def accelerate(model: GPT2, *, int8: bool = False) -> GPT2:
     levels = quantize_model_int8(model) if int8 else None
     reason = unavailable(model)
     kernels = build.load() if reason is None else None  # compiles on first use
-    model.accelerator = FastGPT2(model, kernels, levels) if isinstance(kernels, build.Kernels) else None
+    usable = isinstance(kernels, build.Kernels)
+    model.accelerator = FastGPT2(model, kernels, levels, adapt_threads) if usable else None
     return model
 
 
@@ -91,7 +96,9 @@ def status(model: GPT2 | None = None) -> str:
     if model is not None and isinstance(getattr(model, "accelerator", None), FastGPT2):
         fast = model.accelerator
         weights = "int8" if fast.int8 else "float32"
-        return f"fast path: C kernels ({fast.kernels.path.name}), {weights} weights; passes that record gradients take the {readable}"
+        threads = "threads chosen by timing" if fast.threads is not None else "torch.get_num_threads() threads"
+        return (f"fast path: C kernels ({fast.kernels.path.name}), {weights} weights, {threads}; "
+                f"passes that record gradients take the {readable}")
     reason = unavailable(model)
     if reason is None and build.load.cache_info().currsize:  # loaded or tried in this process
         loaded = build.load()

@@ -28,6 +28,7 @@ import torch.nn as nn
 from gpt2.kv_cache import KVCache
 
 from .build import Kernels
+from .threads import ThreadChooser
 
 if TYPE_CHECKING:
     from gpt2.model import GPT2
@@ -111,10 +112,12 @@ class FastGPT2:
     """The C forward pass of one model (see the module docstring)."""
 
     def __init__(
-        self, model: GPT2, kernels: Kernels, int8_levels: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self, model: GPT2, kernels: Kernels, int8_levels: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+        adapt_threads: bool = True,
     ) -> None:
         self.model = weakref.ref(model)  # the model owns this object, not the other way round
         self.kernels = kernels
+        self.threads = ThreadChooser() if adapt_threads else None  # None: always torch.get_num_threads()
         self.int8 = bool(int8_levels)
         config = model.config
         self.names = [f"h.{i}.{p}" for i in range(config.n_layer) for p in BLOCK_PARAMETERS]  # L * 12
@@ -168,16 +171,18 @@ class FastGPT2:
             cache = KVCache(model.config, B, capacity=T)
         out = x.contiguous().clone()  # (B, T, C): the kernel updates it in place, block after block
         mask_bytes = None if mask is None else mask.to(torch.uint8).contiguous()  # (T, W)
-        chunks = -(-T // MAX_NEW_TOKENS)  # one call, or a long prefill in chunks of equal size
-        bounds = [T * i // chunks for i in range(chunks + 1)]
-        for t0, t1 in zip(bounds, bounds[1:]):
-            chunk = out if t1 - t0 == T else out[:, t0:t1].contiguous()  # (B, t1 - t0, C)
-            self.run_blocks(model, table, chunk, cache, cache.lengths + t0, mask_bytes)
-            if chunk is not out:
-                out[:, t0:t1] = chunk
-        if last_logits_only:
-            out = out[:, -1:, :]  # (B, 1, C)
-        return self.head(model, out)
+
+        def forward() -> torch.Tensor:
+            chunks = -(-T // MAX_NEW_TOKENS)  # one call, or a long prefill in chunks of equal size
+            bounds = [T * i // chunks for i in range(chunks + 1)]
+            for t0, t1 in zip(bounds, bounds[1:]):
+                chunk = out if t1 - t0 == T else out[:, t0:t1].contiguous()  # (B, t1 - t0, C)
+                self.run_blocks(model, table, chunk, cache, cache.lengths + t0, mask_bytes)
+                if chunk is not out:
+                    out[:, t0:t1] = chunk
+            return self.head(model, out[:, -1:, :] if last_logits_only else out)  # (B, 1 or T, V)
+
+        return forward() if self.threads is None else self.threads.run(B * T, forward)
 
     def takes(self, model: GPT2, x: torch.Tensor, cache: KVCache | None, mask: torch.Tensor | None) -> bool:
         """CPU float32 input and cache, no gradient to record, widths the
