@@ -3,7 +3,7 @@ carries, the results folder and its file formats, the (target, draft) pair,
 the prompts' tokenizer and the command-line error rule.
 
 Timing rules, kept by every benchmark: the clock is read after the device
-has finished its queued work (`spec_decoding.loop.clock`); warm-up calls come
+has finished its queued work (`spec_decoding.stats.clock`); warm-up calls come
 first and are not counted; several repeats, reported as medians.
 """
 

@@ -37,15 +37,10 @@ drafting.md (the tables) and drafting.json (every run, with the environment).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as `python benchmarks/drafting.py`: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import argparse
 import shlex
 import statistics
+import sys
 from collections.abc import Callable
 
 import torch

@@ -1,0 +1,144 @@
+"""Two checkouts of this project, timed side by side: did a change make
+decoding slower? Each checkout runs in its own worker process (its own
+`gpt2` and `spec_decoding`, the same random weights); the driver asks them in
+turn, the order reversed every other repeat, so that the machine's swings in
+speed fall on both alike. Reported: the decode step and t_v(5) on a
+100-token cache, r_5, plain greedy decoding, and speculative decoding with a
+simulated draft (alpha 0.8, gamma 4), each as after / before ratios paired
+within a repeat.
+
+    git worktree add /tmp/before cd36fce
+    python -m benchmarks.compare_commits /tmp/before .
+    python -m benchmarks.compare_commits /tmp/before . --tiny --repeats 1    # a smoke run
+
+The workers import only names both sides have (a checkout from before
+gpt2/fast/ is accelerated by `prepare_linear_layers`, as it was then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from statistics import median
+
+from benchmarks.common import run_cli
+
+WORKER = r"""
+import json, sys, time
+import torch
+from gpt2 import GPT2, generate, init_random_weights, preset
+from spec_decoding import speculative_generate
+from spec_decoding.drafters import SimulatedDrafter
+
+target_name, draft_name, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+def build(name, seed):
+    config = preset(name)
+    with torch.device("meta"):
+        model = GPT2(config)
+    model = model.to_empty(device="cpu")
+    init_random_weights(model, generator=torch.Generator().manual_seed(seed))
+    model.eval()
+    try:
+        from gpt2 import fast
+        fast.accelerate(model)
+    except ImportError:
+        model.prepare_linear_layers()
+    return model
+
+target, draft = build(target_name, 0), build(draft_name, 1)
+V = target.config.vocab_size
+g = torch.Generator().manual_seed(1)
+prefix, drafts, prompt = (torch.randint(V, (1, n), generator=g) for n in (100, 5, 20))
+cache = target.new_cache(1)
+
+def verify(k):
+    t0 = time.perf_counter()
+    target(drafts[:, :k], cache)
+    seconds = time.perf_counter() - t0
+    cache.rewind(100)
+    return seconds
+
+with torch.inference_mode():
+    target(prefix, cache)
+    verify(1), verify(5)
+    reference = generate(target, prompt, new_tokens)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "costs":
+            print(json.dumps({"step": verify(1), "verify5": verify(5)}), flush=True)
+            continue
+        t0 = time.perf_counter()
+        plain = generate(target, prompt, new_tokens)
+        t1 = time.perf_counter()
+        out, _ = speculative_generate(target, SimulatedDrafter(draft, reference, 0.8, seed=3), prompt,
+                                      gamma=4, max_new_tokens=new_tokens)
+        t2 = time.perf_counter()
+        assert torch.equal(plain, reference) and torch.equal(out, reference)
+        print(json.dumps({"plain": t1 - t0, "speculative": t2 - t1}), flush=True)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("before", help="the checkout to compare against (a folder)")
+    p.add_argument("after", help="the checkout with the change (a folder)")
+    p.add_argument("--repeats", type=int, default=6)
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens per decoding run")
+    p.add_argument("--tiny", action="store_true", help="the distilgpt2 -> gpt2 shapes, for a smoke run")
+    args = p.parse_args(argv)
+    for folder in (args.before, args.after):
+        if not (Path(folder) / "gpt2" / "model.py").is_file():
+            raise ValueError(f"{folder} is not a checkout of this project (no gpt2/model.py): pass its folder")
+    if args.repeats < 1 or args.new_tokens < 1:
+        raise ValueError("--repeats and --new-tokens must be >= 1")
+    target, draft = ("gpt2", "distilgpt2") if args.tiny else ("gpt2-large", "gpt2")
+
+    sides = {}
+    for name, folder in (("before", args.before), ("after", args.after)):
+        worker = subprocess.Popen(
+            [sys.executable, "-c", WORKER, target, draft, str(args.new_tokens)], cwd=folder,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        if worker.stdout.readline().strip() != "ready":
+            raise ValueError(f"the worker in {folder} did not start (its error is above)")
+        sides[name] = worker
+    samples = {name: [] for name in sides}  # per repeat: {step, verify5, plain, speculative}
+
+    def ask(worker: subprocess.Popen, command: str) -> dict:
+        worker.stdin.write(command + "\n")
+        worker.stdin.flush()
+        return json.loads(worker.stdout.readline())
+
+    for repeat in range(args.repeats):
+        order = list(sides.items()) if repeat % 2 == 0 else list(sides.items())[::-1]
+        costs = {name: [ask(worker, "costs") for _ in range(3)] for name, worker in order}
+        runs = {name: ask(worker, "runs") for name, worker in order}
+        for name in sides:
+            samples[name].append({
+                "step": median(c["step"] for c in costs[name]), "verify5": median(c["verify5"] for c in costs[name]),
+                **runs[name],
+            })
+        print(f"repeat {repeat + 1} of {args.repeats}", file=sys.stderr, flush=True)
+    for worker in sides.values():
+        worker.stdin.close()
+        worker.wait()
+
+    print(f"{target} target, {draft} draft, {args.repeats} interleaved repeats (medians)")
+    for name, rows in samples.items():
+        print(f"{name:>6}: step {1e3 * median(r['step'] for r in rows):.1f} ms, "
+              f"t_v(5) {1e3 * median(r['verify5'] for r in rows):.1f} ms, "
+              f"r_5 {median(r['verify5'] / r['step'] for r in rows):.3f}, "
+              f"speedup at alpha 0.8, gamma 4: {median(r['plain'] / r['speculative'] for r in rows):.2f}x")
+    for key, label in (("step", "step"), ("verify5", "t_v(5)"), ("plain", "plain decoding"),
+                       ("speculative", "speculative decoding")):
+        ratio = median(a[key] / b[key] for a, b in zip(samples["after"], samples["before"]))
+        print(f"after / before, {label} time: {ratio:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,27 @@
+"""benchmarks/compare_commits.py: two checkouts timed side by side. Here both
+sides are this checkout, so the run checks the plumbing (workers start,
+answer in turn, every decoding run reproduces plain greedy decoding) and the
+report's lines; speed itself is never asserted."""
+
+from __future__ import annotations
+
+import re
+
+from benchmarks.common import run_cli
+from benchmarks.compare_commits import main
+from helpers import REPO_ROOT
+
+
+def test_a_checkout_against_itself_reports_both_sides_and_the_ratios(capsys):
+    assert run_cli(main, [str(REPO_ROOT), str(REPO_ROOT), "--tiny", "--repeats", "1", "--new-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    for side in ("before", "after"):
+        assert re.search(rf"{side}: step [\d.]+ ms, t_v\(5\) [\d.]+ ms, r_5 [\d.]+, speedup at alpha 0.8", out)
+    for label in ("step", "t_v(5)", "plain decoding", "speculative decoding"):
+        assert re.search(rf"after / before, {re.escape(label)} time: [\d.]+", out)
+
+
+def test_a_folder_that_is_not_a_checkout_is_one_line_and_exit_2(tmp_path, capsys):
+    assert run_cli(main, [str(tmp_path), str(REPO_ROOT)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "not a checkout" in err and len(err.strip().splitlines()) == 1
