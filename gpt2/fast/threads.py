@@ -7,8 +7,9 @@ whole pass slows to the pace of the shared core. One thread fewer then wins.
 So every pass is timed, and now and then run with one thread fewer or more;
 the count moves where passes of the same size ran faster. Probes grow rare
 while they lose (one in up to 256 passes; below all threads, one in up to
-32, since a pass with fewer threads cannot see the other cores free up) and
-come back at once when the pass time jumps either way: the load changed.
+32, since a pass with fewer threads cannot see the other cores free up),
+and one comes at once when the pass time jumps either way and stays there:
+the load changed.
 
 The count never exceeds `torch.get_num_threads()`, and it does not change a
 result: every output of a kernel is summed by one thread, whatever the count.
@@ -28,7 +29,8 @@ FIRST_PROBE = 8  # passes before the first probe, and after a change of load
 LAST_PROBE = 256  # the longest interval between two probes
 LAST_PROBE_BELOW = 32  # the same while running with fewer than all threads
 WIN = 0.9  # a probe must be this much faster (time ratio) to move the count
-JUMP = 1.5  # a pass this much slower or faster than usual means the load changed
+JUMP = 1.5  # JUMPS passes in a row this much slower or faster than usual: the load changed
+JUMPS = 3
 NEW_WEIGHT = 0.3  # of a new time in the running mean of its (size, count)
 
 
@@ -42,6 +44,7 @@ class ThreadChooser:
         self.interval = FIRST_PROBE
         self.countdown = FIRST_PROBE
         self.probe_fewer = True  # the next probe tries count - 1 (else count + 1)
+        self.jumps = 0  # passes in a row far from their usual time
 
     def run(self, size: int, work: Callable[[], Result]) -> Result:
         """work() with the chosen number of threads; `size` (e.g. rows in the
@@ -79,9 +82,11 @@ class ThreadChooser:
             else:
                 self.interval = min(2 * self.interval, LAST_PROBE if self.count == self.most else LAST_PROBE_BELOW)
             self.countdown = self.interval
-        elif usual is not None and not usual / JUMP < seconds < usual * JUMP:  # the load changed: probe now
-            self.mean[size, threads] = seconds
-            self.interval = FIRST_PROBE
-            self.countdown = min(self.countdown, 1)
+        elif usual is not None and not usual / JUMP < seconds < usual * JUMP:
+            self.jumps += 1
+            if self.jumps == JUMPS:  # the load changed (not just one slow pass): probe now
+                self.mean[size, threads] = seconds
+                self.countdown, self.jumps = 1, 0
         else:
             self.mean[size, threads] = seconds if usual is None else usual + NEW_WEIGHT * (seconds - usual)
+            self.jumps = 0
