@@ -21,7 +21,7 @@ DEFAULT_PROMPT = (
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEFAULT_GAMMA = 4
-DEFAULT_TREE = "3,1"  # spec_decoding.tree.DEFAULT_TREE (not imported here: --help answers without torch)
+DEFAULT_TREE = "2,2"  # spec_decoding.tree.DEFAULT_TREE (not imported here: --help answers without torch)
 GAMMA_SCHEDULES = ("auto", "heuristic")  # --gamma by name (spec_decoding/schedule.py)
 NGRAM_DRAFT = "ngram"  # --draft ngram: prompt lookup, no draft model
 DEFAULT_NGRAM = 3

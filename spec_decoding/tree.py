@@ -121,9 +121,10 @@ class TokenTree:
         return "\n".join(lines)
 
 
-# The shape `--tree` drafts when given no value: the best tree of benchmarks/tree_speed.py on a CPU,
-# where verifying more tokens costs more (see docs/speculative_decoding.md, "What a tree trades off").
-DEFAULT_TREE = "3,1"
+# The shape `--tree` drafts when given no value: two candidates at each of two depths, the best tree
+# of benchmarks/tree_speed.py on a CPU at the weak profile and on the noisy pair (docs/performance.md),
+# where verifying more tokens costs more (docs/speculative_decoding.md, "What a tree trades off").
+DEFAULT_TREE = "2,2"
 
 
 @dataclass(frozen=True)
