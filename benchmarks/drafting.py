@@ -38,6 +38,7 @@ drafting.md (the tables) and drafting.json (every run, with the environment).
 from __future__ import annotations
 
 import argparse
+import itertools
 import shlex
 import statistics
 import sys
@@ -177,12 +178,15 @@ def part_simulated(args, target, drafts: dict[str, GPT2], costs: dict[str, StepC
         draft = drafts[draft_name]
 
         def drafter(draft=draft, alpha=alpha):
-            return SimulatedDrafter(draft, reference, alpha, seed=args.seed)
+            """A method's r-th run draws its simulated coins from seed --seed + r: every method sees the
+            same seeds, so the best fixed γ is not simply the one whose single draw was luckiest."""
+            seeds = itertools.count(args.seed)
+            return lambda: SimulatedDrafter(draft, reference, alpha, seed=next(seeds))
 
-        methods = {f"fixed {g}": spec_run(target, drafter, ids, args.max_gen, lambda g=g: FixedGamma(g))
+        methods = {f"fixed {g}": spec_run(target, drafter(), ids, args.max_gen, lambda g=g: FixedGamma(g))
                    for g in args.gammas}
-        methods["auto"] = spec_run(target, drafter, ids, args.max_gen, lambda c=costs[draft_name]: AutoGamma(c))
-        methods["heuristic"] = spec_run(target, drafter, ids, args.max_gen, HeuristicGamma)
+        methods["auto"] = spec_run(target, drafter(), ids, args.max_gen, lambda c=costs[draft_name]: AutoGamma(c))
+        methods["heuristic"] = spec_run(target, drafter(), ids, args.max_gen, HeuristicGamma)
         print(f"simulated: draft {draft_name}, alpha {alpha}", file=sys.stderr, flush=True)
         out[f"{draft_name} alpha {alpha}"] = {
             "draft": draft_name, "alpha": alpha,
@@ -353,7 +357,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/drafting-<UTC time>)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for name in ("max_gen", "repeats", "ngram", "noisy_prompts", "noisy_seeds"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if min(args.gammas) < 1 or (args.threads is not None and args.threads < 1):
+        raise ValueError("--gammas and --threads must be >= 1")
+    if not all(0.0 <= a <= 1.0 for a in [*args.alphas, args.int8_alpha, *args.p_mins]) or args.noise < 0:
+        raise ValueError("--alphas, --int8-alpha and --p-mins must lie in [0, 1], and --noise must be >= 0")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
