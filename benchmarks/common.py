@@ -210,6 +210,21 @@ def random_model(config: GPT2Config, *, device: str | torch.device = "cpu", dtyp
     return model
 
 
+def noisy_copy(model: GPT2, *, scale: float, seed: int, relative: bool = False) -> GPT2:
+    """A copy of `model` with N(0, scale) noise added to every weight matrix
+    and embedding W (layer norms and biases untouched), or N(0, scale * std(W))
+    if `relative`: a draft whose distributions are real and partly agree with
+    the target's. The copy is on the readable path, in eval mode."""
+    copy = GPT2(model.config)
+    copy.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in copy.named_parameters():
+            if name.endswith("weight") and ".ln_" not in name and not name.startswith("ln_"):
+                p.add_(torch.randn(p.shape, generator=g) * scale * (p.std() if relative else 1.0))
+    return copy.eval()
+
+
 def build_pair(target: str, draft: str, *, weights: str = "checkpoint", draft_equals_target: bool = False,
                device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                quantize: str | None = None, seed: int = 0, accelerate: bool = True) -> ModelPair:

@@ -51,6 +51,7 @@ from benchmarks.common import (
     environment_lines,
     load_prompt_tokenizer,
     markdown_table,
+    noisy_copy,
     random_model,
     results_dir,
     run_cli,
@@ -259,19 +260,6 @@ def noisy_target(seed: int) -> GPT2:
     return model.eval()
 
 
-def noisy_copy(model: GPT2, scale: float, seed: int) -> GPT2:
-    """A copy of `model` with N(0, scale * std(W)) noise added to every weight
-    matrix and embedding W (layer norms and biases untouched)."""
-    copy = GPT2(model.config)
-    copy.load_state_dict(model.state_dict())
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in copy.named_parameters():
-            if name.endswith("weight") and ".ln_" not in name and not name.startswith("ln_"):
-                p.add_(torch.randn(p.shape, generator=g) * scale * p.std())
-    return copy.eval()
-
-
 def count_runs(target, make_drafter, prompts, max_gen, gamma_fn, temperature, seeds) -> dict:
     """Summed counters of speculative runs over prompts and seeds (no timing)."""
     total = {"drafted": 0, "accepted": 0, "target_calls": 0, "new_tokens": 0, "draft_calls": 0, "judged": 0}
@@ -292,8 +280,8 @@ def count_runs(target, make_drafter, prompts, max_gen, gamma_fn, temperature, se
 
 def part_noisy(args, tokenizer) -> dict:
     target = noisy_target(args.seed)
-    draft = noisy_copy(target, args.noise, args.seed + 2)
-    draft8 = noisy_copy(target, args.noise, args.seed + 2)
+    draft = noisy_copy(target, scale=args.noise, seed=args.seed + 2, relative=True)
+    draft8 = noisy_copy(target, scale=args.noise, seed=args.seed + 2, relative=True)
     for model in (target, draft):
         fast.accelerate(model)
     fast.accelerate(draft8, int8=True)

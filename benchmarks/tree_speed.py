@@ -30,7 +30,7 @@ from statistics import median
 import torch
 
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
-from benchmarks.common import shape, write_json
+from benchmarks.common import noisy_copy, shape, write_json
 from gpt2 import GPT2, GPT2Config, SamplingConfig, fast, generate, init_random_weights
 from spec_decoding import (
     SimulatedDrafter,
@@ -252,18 +252,6 @@ def compare_best(configs: dict[str, dict]) -> dict:
             "tree_speedup": configs[tree]["speedup"], "tree_vs_chain": configs[tree]["vs_best_chain"]}
 
 
-def perturbed(model: GPT2, scale: float, seed: int) -> GPT2:
-    """A copy of `model` with N(0, scale) noise on every matrix and embedding."""
-    copy = GPT2(model.config)
-    copy.load_state_dict(model.state_dict())
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in copy.named_parameters():
-            if name.endswith("weight") and ".ln_" not in name and not name.startswith("ln_"):
-                p.add_(torch.randn(p.shape, generator=g) * scale)
-    return copy.eval()
-
-
 def noisy_pair(configs: dict[str, dict], costs: dict, args: argparse.Namespace) -> dict:
     """Tokens per target call of every config on the noisy pair (greedy, and
     sampling at temperature 1), over --noisy-prompts random prompts, with the
@@ -271,7 +259,7 @@ def noisy_pair(configs: dict[str, dict], costs: dict, args: argparse.Namespace) 
     target = GPT2(NOISY_TARGET)
     init_random_weights(target, std=NOISY_STD, generator=torch.Generator().manual_seed(0))
     target = fast.accelerate(target.eval())
-    draft = fast.accelerate(perturbed(target, NOISY_SCALE, seed=1))
+    draft = fast.accelerate(noisy_copy(target, scale=NOISY_SCALE, seed=1))
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, NOISY_TARGET.vocab_size, (1, 16), generator=g) for _ in range(args.noisy_prompts)]
     result = {}

@@ -28,6 +28,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from benchmarks.common import noisy_copy
 from gpt2 import GPT2, GPT2Config, init_random_weights, logits_to_probs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -170,15 +171,24 @@ def tiny_gpt2(config: GPT2Config, *, seed: int, std: float = PEAKED_STD) -> GPT2
 def perturbed_copy(model: GPT2, *, scale: float, seed: int) -> GPT2:
     """A copy of `model` with N(0, scale) noise added to every matrix and embedding
     (LayerNorms and biases untouched): a stand-in for a draft that mostly,
-    but not always, agrees with the target."""
-    copy = GPT2(model.config)
-    copy.load_state_dict(model.state_dict())
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in copy.named_parameters():
-            if name.endswith("weight") and ".ln_" not in name and not name.startswith("ln_"):
-                p.add_(torch.randn(p.shape, generator=g) * scale)
-    return copy.eval()
+    but not always, agrees with the target (`benchmarks.common.noisy_copy`)."""
+    return noisy_copy(model, scale=scale, seed=seed)
+
+
+# The drafts of the greedy-equality tests (test_speculative.py, test_batch.py, test_drafting.py).
+# PERTURBATION puts alpha around 0.35-0.8 for gamma 1..8 on their tiny targets (0.02 accepts
+# nearly everything, 0.1 nearly nothing).
+UNRELATED_DRAFT = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=64)
+PERTURBATION = 0.04
+
+
+def three_drafts(target: GPT2) -> dict[str, GPT2]:
+    """The target itself (alpha 1), an unrelated model (alpha ~ 0) and a noisy copy of the target."""
+    return {
+        "self": target,
+        "unrelated": tiny_gpt2(UNRELATED_DRAFT, seed=1),
+        "perturbed": perturbed_copy(target, scale=PERTURBATION, seed=2),
+    }
 
 
 @dataclass

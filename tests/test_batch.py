@@ -15,15 +15,13 @@ import torch
 
 from gpt2 import GPT2Config, fast, generate
 from spec_decoding import BatchStats, SimulatedBatchDrafter, SpecStats, speculative_generate
-from helpers import perturbed_copy, tiny_gpt2
+from helpers import PERTURBATION, perturbed_copy, three_drafts, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=64)
-DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=64)
 # A vocabulary of 8 tokens: greedy decoding soon emits any chosen end-of-text id.
 SMALL_VOCAB = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=8)
-PERTURBATION = 0.04  # as test_speculative.py: alpha ~ 0.35-0.8
 
 # Mixed lengths: 1 token, a few, and 2 short of the context window (room for 2 new tokens).
 PROMPTS = [[5, 9, 2, 7], [11], [(3 * i) % 64 for i in range(CONFIG.n_ctx - 2)], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
@@ -37,11 +35,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def drafts(target):
-    return {
-        "self": target,
-        "unrelated": tiny_gpt2(DRAFT_CONFIG, seed=1),
-        "perturbed": perturbed_copy(target, scale=PERTURBATION, seed=2),
-    }
+    return three_drafts(target)
 
 
 @pytest.fixture(scope="module")

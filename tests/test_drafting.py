@@ -33,13 +33,11 @@ from spec_decoding import (
     StepCosts,
     speculative_generate,
 )
-from helpers import ForwardRecorder, perturbed_copy, tiny_gpt2
+from helpers import ForwardRecorder, perturbed_copy, three_drafts, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 TARGET_CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=64)
-DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=64)
-PERTURBATION = 0.04  # alpha ~ 0.35-0.8 on this target (test_speculative.py)
 PROMPT = [[1, 2, 3, 4]]
 NEW_TOKENS = 40
 
@@ -51,11 +49,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def drafts(target):
-    return {
-        "self": target,
-        "unrelated": tiny_gpt2(DRAFT_CONFIG, seed=1),
-        "perturbed": perturbed_copy(target, scale=PERTURBATION, seed=2),
-    }
+    return three_drafts(target)
 
 
 def baseline(target, ids=None, n=NEW_TOKENS) -> list[list[int]]:

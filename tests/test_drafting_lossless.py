@@ -30,8 +30,8 @@ from gpt2 import GPT2, GPT2Config
 from gpt2.fast.quantize import quantize_model_int8
 from gpt2.sampling import SamplingConfig, logits_to_probs
 from spec_decoding import AutoGamma, Draft, ModelDrafter, NgramDrafter, SpecStats, StepCosts, speculative_generate
-from helpers import perturbed_copy, tiny_gpt2
-from test_lossless import chi_square, chi_square_quantile_0999
+from helpers import chi_square, chi_square_quantile_0999, exact_continuation_distribution, perturbed_copy, tiny_gpt2
+
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -74,16 +74,9 @@ def draft(target) -> GPT2:
     return perturbed_copy(target, scale=DRAFT_PERTURBATION, seed=2)
 
 
-@torch.inference_mode()
 def exact_distribution(target: GPT2, prompt: list[int]) -> torch.Tensor:
-    """(V^n,) float64: P(first n new tokens = x) from the target alone, in the
-    order of `torch.cartesian_prod` (test_lossless.exact_distribution, any prompt)."""
-    V, n, T = CONFIG.vocab_size, N_TOKENS, len(prompt)
-    continuations = torch.cartesian_prod(*[torch.arange(V)] * n)  # (V^n, n)
-    ids = torch.cat([torch.tensor([prompt]).expand(len(continuations), T), continuations], dim=1)  # (V^n, T + n)
-    probs = logits_to_probs(target(ids), SAMPLING).double()  # (V^n, T + n, V)
-    per_token = probs[:, T - 1 : T - 1 + n].gather(-1, continuations[..., None])  # (V^n, n, 1)
-    return per_token.squeeze(-1).prod(dim=-1)  # (V^n,)
+    """(V^n,) float64: P(first n new tokens = x) after `prompt`, from the target alone."""
+    return exact_continuation_distribution(target, torch.tensor([prompt]), N_TOKENS, SAMPLING)
 
 
 def sampled_counts(target, make_drafter, prompt: list[int], runs: int, gamma, seed: int = 0):

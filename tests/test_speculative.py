@@ -21,15 +21,11 @@ import torch
 
 from gpt2 import GPT2, GPT2Config, generate
 from spec_decoding import ModelDrafter, SimulatedDrafter, SpecStats, speculative_generate
-from helpers import ForwardRecorder, perturbed_copy, tiny_gpt2
+from helpers import ForwardRecorder, three_drafts, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 TARGET_CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=64)
-DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=64)
-# Weight noise for the "perturbed" draft, tuned so alpha lands around 0.35-0.8
-# for gamma 1..8 on these prompts (0.02 accepts nearly everything, 0.1 nearly nothing).
-PERTURBATION = 0.04
 
 PROMPTS = {"4 tokens": [[1, 2, 3, 4]], "1 token": [[7]]}
 GAMMAS = [1, 2, 3, 5, 8]
@@ -43,11 +39,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def drafts(target):
-    return {
-        "self": target,
-        "unrelated": tiny_gpt2(DRAFT_CONFIG, seed=1),
-        "perturbed": perturbed_copy(target, scale=PERTURBATION, seed=2),
-    }
+    return three_drafts(target)
 
 
 def prompt(name: str = "4 tokens") -> torch.Tensor:
