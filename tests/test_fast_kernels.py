@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt2.fast.accelerator import pack_pairs
+from gpt2.fast.accelerator import pack_rows
 from gpt2.fast.quantize import dequantize_rows, quantize_rows_int8
 
 FUSED_ATOL = 2e-5
@@ -34,7 +34,7 @@ def kernel_linear(kernels, x, w, b=None, *, norm=None, gelu=False, residual=None
     w: (out, in) float32, or int8 levels with `int8_scale` (out,)."""
     rows, in_features = x.shape
     out_features = w.shape[0]
-    packed = pack_pairs(w)  # (ceil(out / 2), in / 8, 2, 8)
+    packed = pack_rows(w)  # (ceil(out / 4), in / 8, 4, 8)
     y = torch.empty(rows, out_features)  # (N, out)
     kernels.linear(
         x.data_ptr(), packed.data_ptr(), None if int8_scale is None else int8_scale.data_ptr(),
@@ -58,14 +58,14 @@ def linear_reference(x, w, b=None, *, norm=None, gelu=False, residual=None, exac
     return y.float()
 
 
-def test_pack_pairs_layout():
-    w = torch.arange(3 * 16, dtype=torch.float32).view(3, 16)  # out 3 (odd), in 16
-    packed = pack_pairs(w)
-    assert packed.shape == (2, 2, 2, 8)  # (ceil(3 / 2), 16 / 8, 2, 8)
-    assert torch.equal(packed[0, 1, 0], w[0, 8:16])  # pair 0, block 1, row o
-    assert torch.equal(packed[0, 1, 1], w[1, 8:16])  # pair 0, block 1, row o + 1
-    assert torch.equal(packed[1, 0, 0], w[2, 0:8])
-    assert torch.equal(packed[1, 0, 1], torch.zeros(8))  # the padding row
+def test_pack_rows_layout():
+    w = torch.arange(5 * 16, dtype=torch.float32).view(5, 16)  # out 5 (not a multiple of 4), in 16
+    packed = pack_rows(w)
+    assert packed.shape == (2, 2, 4, 8)  # (ceil(5 / 4), 16 / 8, 4, 8)
+    assert torch.equal(packed[0, 1, 0], w[0, 8:16])  # group 0, block 1, row o
+    assert torch.equal(packed[0, 1, 3], w[3, 8:16])  # group 0, block 1, row o + 3
+    assert torch.equal(packed[1, 0, 0], w[4, 0:8])
+    assert torch.equal(packed[1, 0, 1:], torch.zeros(3, 8))  # the padding rows
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 9, 15, 48, 70])
@@ -84,7 +84,7 @@ def test_that_check_fails_on_a_wrong_layout(fast_kernels):
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(5, 32, generator=g), torch.randn(6, 32, generator=g)
     y = torch.empty(5, 6)
-    wrong = w.reshape(3, 2, 4, 8).contiguous()  # pairs not interleaved in blocks of 8
+    wrong = torch.cat([w, torch.zeros(2, 32)])  # (8, 32): the packed size, rows not interleaved in blocks of 8
     fast_kernels.linear(x.data_ptr(), wrong.data_ptr(), None, None, y.data_ptr(), 5, 32, 6, None, None, 0.0, 0, None)
     assert not torch.allclose(y, linear_reference(x, w), rtol=1e-5, atol=1e-4)
 

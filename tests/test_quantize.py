@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpt2 import GPT2Config, fast, generate, load_model
-from gpt2.fast.accelerator import pack_pairs
+from gpt2.fast.accelerator import pack_rows
 from gpt2.fast.quantize import dequantize_rows, matrix_weights, quantize_model_int8, quantize_rows_int8, resolve_quantize
 from helpers import TINY, hub_state_dict, make_hf_model, perturbed_copy, tiny_gpt2, write_checkpoint
 from spec_decoding import speculative_generate
@@ -65,7 +65,7 @@ def test_every_weight_matrix_is_its_quantised_value_and_the_kernels_read_int8(fa
         q, scale = quantize_rows_int8(before[name])
         assert torch.equal(weight, dequantize_rows(q, scale))
         packed = model.accelerator.packed[name]
-        assert packed.data.dtype == torch.int8 and torch.equal(packed.data, pack_pairs(q))
+        assert packed.data.dtype == torch.int8 and torch.equal(packed.data, pack_rows(q))
         assert torch.equal(packed.scale, scale)
     # Layer norms, biases and the position table are left as they were.
     assert torch.equal(model.wpe.weight, original.wpe.weight)

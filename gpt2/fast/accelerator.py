@@ -1,6 +1,6 @@
 """The fast CPU path of one GPT2 model: all blocks, the final layer norm and
-the LM head of a forward pass in C (csrc/), reading pair-packed copies of the
-weight matrices.
+the LM head of a forward pass in C (csrc/), reading packed copies of the
+weight matrices (`pack_rows`).
 
 Legend: B = rows, T = new tokens per row, N = B * T, C = n_embd, V = vocab, L = n_layer.
 
@@ -45,7 +45,7 @@ MATRIX_SLOTS = (2, 4, 8, 10)  # the weight matrices among a block's BLOCK_PARAME
 
 class BlockPointers(ctypes.Structure):
     """One block's parameters as blocks.c reads them: layer norms as they are,
-    weight matrices pair-packed (float32, or int8 with their rows' scales;
+    weight matrices packed by `pack_rows` (float32, or int8 with their rows' scales;
     the scale is NULL for float32)."""
 
     _fields_ = [
@@ -61,19 +61,20 @@ class BlockPointers(ctypes.Structure):
     ]
 
 
-def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
-    """W (out, in) in the kernel's layout: rows o and o + 1 interleaved in
-    blocks of 8 values, out padded to even with a zero row. Any dtype.
+def pack_rows(weight: torch.Tensor) -> torch.Tensor:
+    """W (out, in) in the kernel's layout: rows in groups of four, interleaved
+    in blocks of 8 values, out padded to a multiple of 4 with zero rows. Any
+    dtype.
 
     Returns:
-        (ceil(out / 2), in / 8, 2, 8), contiguous, in W's dtype.
+        (ceil(out / 4), in / 8, 4, 8), contiguous, in W's dtype.
     """
     out_features, in_features = weight.shape
     w = weight.detach()
-    if out_features % 2:
-        w = torch.cat([w, w.new_zeros(1, in_features)])  # (out + 1, in)
-    pairs = w.reshape(-1, 2, in_features // 8, 8)  # (out / 2, 2, in / 8, 8)
-    return pairs.transpose(1, 2).contiguous()  # (out / 2, in / 8, 2, 8)
+    if out_features % 4:
+        w = torch.cat([w, w.new_zeros(4 - out_features % 4, in_features)])  # (4 ceil(out / 4), in)
+    groups = w.reshape(-1, 4, in_features // 8, 8)  # (out / 4, 4, in / 8, 8)
+    return groups.transpose(1, 2).contiguous()  # (out / 4, in / 8, 4, 8)
 
 
 def stamp(tensor: torch.Tensor) -> tuple[int, int]:
@@ -84,10 +85,10 @@ def stamp(tensor: torch.Tensor) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """The kernels' copy of a weight W (out, in): W pair-packed in float32, or
-    its int8 levels q pair-packed with W = scale[:, None] * q."""
+    """The kernels' copy of a weight W (out, in): W packed by `pack_rows` in
+    float32, or its int8 levels q packed so, with W = scale[:, None] * q."""
 
-    data: torch.Tensor  # (ceil(out / 2), in / 8, 2, 8), float32 or int8
+    data: torch.Tensor  # (ceil(out / 4), in / 8, 4, 8), float32 or int8
     scale: torch.Tensor | None  # (out,) float32 with int8 data, else None
     source: tuple[int, int]  # `stamp` of W when this copy was made
 
@@ -133,9 +134,9 @@ class FastGPT2:
                     continue  # the table check sends every pass to the readable path
                 if int8_levels and name in int8_levels:
                     q, scale = int8_levels[name]
-                    self.packed[name] = PackedWeight(pack_pairs(q), scale.contiguous(), stamp(w))
+                    self.packed[name] = PackedWeight(pack_rows(q), scale.contiguous(), stamp(w))
                 else:
-                    self.packed[name] = PackedWeight(pack_pairs(w), None, stamp(w))
+                    self.packed[name] = PackedWeight(pack_rows(w), None, stamp(w))
         self.table: ctypes.Array | None = None
         self.table_key: list | None = None  # the parameters' stamps when the table was built
         self.table_tensors: list[torch.Tensor] = []  # keeps the storage the table points into alive
@@ -264,7 +265,7 @@ class FastGPT2:
                 if kept is None or kept.source != stamp(w):
                     if w.size(1) % 8:
                         return None
-                    self.packed[name] = PackedWeight(pack_pairs(w), None, stamp(w))
+                    self.packed[name] = PackedWeight(pack_rows(w), None, stamp(w))
         table = (BlockPointers * model.config.n_layer)()
         for i, entry in enumerate(table):
             t = tensors[12 * i : 12 * i + 12]

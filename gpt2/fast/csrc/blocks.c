@@ -27,7 +27,7 @@ void few_queries_attention(const float *q, const float *k_new, const float *v_ne
                            float scale);
 
 /* One block's parameters as data pointers: the layer norms' weight and bias
- * (C,), and each linear layer's pair-packed weight (float32, or int8 with its
+ * (C,), and each linear layer's packed weight (float32, or int8 with its
  * rows' scales; see linear.c), scales (NULL for float32) and bias.
  * Mirrored by BlockPointers in gpt2/fast/accelerator.py. */
 typedef struct {

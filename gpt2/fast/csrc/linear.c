@@ -7,15 +7,21 @@
  * A decode step (N = 1) and a verification pass (N = gamma + 1) read every
  * weight once, so both should cost what reading W costs. This loop streams W
  * once for all N rows and reuses each loaded weight from a register. W is
- * "pair-packed" (gpt2/fast/accelerator.py `pack_pairs`): rows o and o + 1
- * interleaved in blocks of 8 floats, so that a pair of outputs is one
- * sequential stream:
+ * packed in groups of four rows (gpt2/fast/accelerator.py `pack_rows`): rows
+ * o .. o + 3 interleaved in blocks of 8 floats, so that a group of outputs is
+ * one sequential stream:
  *
- *     packed[p][k] = W[2p][8k : 8k + 8], W[2p + 1][8k : 8k + 8]   (16 floats)
+ *     packed[g][k] = W[4g][8k : 8k + 8], ..., W[4g + 3][8k : 8k + 8]   (32 floats)
  *
- * OUT is padded to even with a zero row; IN must be a multiple of 8. W may be
- * int8 in the same layout with one scale per row, W[o][i] = scale[o] q[o][i]
- * (gpt2/fast/quantize.py): a quarter of the bytes, widened in registers.
+ * OUT is padded to a multiple of 4 with zero rows; IN must be a multiple of 8.
+ * W may be int8 in the same layout with one scale per row, W[o][i] = scale[o]
+ * q[o][i] (gpt2/fast/quantize.py): a quarter of the bytes, widened in
+ * registers.
+ *
+ * One row (a decode step) takes a group's four outputs at once: four chains
+ * of multiply-adds, so that each need not wait for its previous one (one
+ * output alone is latency-bound). More rows take the group as two pairs of
+ * outputs, each against a tile of up to 7 rows.
  *
  * Batch invariance: every output y[r][o] is summed in one fixed order, the
  * same whatever N is and whichever rows share its tile: 8 lane sums over k
@@ -23,7 +29,7 @@
  * end), then `sum8`, then the scale and the bias. A position's logits are
  * therefore bit-identical in a decode step, a verification pass or a batch.
  *
- * Work split: output pairs in chunks handed out dynamically (OpenMP), so that
+ * Work split: groups of outputs in chunks handed out dynamically (OpenMP), so that
  * a thread slowed by another process on its core takes fewer chunks instead
  * of holding up every layer. GELU and the residual are applied chunk by chunk
  * while the outputs are still in cache.
@@ -42,79 +48,143 @@
  * bound by that latency), so its tiles take 3 rows. */
 #define FLOAT_TILE_ROWS 7
 #define INT8_TILE_ROWS 3
+#define MANY_ROWS 24 /* from here on, 4 outputs x 3 rows per tile */
+#define GROUP 4 /* rows of W packed together */
+#define K_STRETCH 8 /* blocks of k per turn of a group's two pairs (even: int8's two sets) */
 /* With N > 1, W is prefetched this far ahead into L2: the loop does enough
  * arithmetic per byte that the core alone keeps too few loads in flight.
  * At N = 1 the hardware prefetcher does better alone. */
-#define PREFETCH_BYTES 6144
-/* Chunks of output pairs per thread, handed out dynamically. */
-#define CHUNKS_PER_THREAD 8
+#define PREFETCH_BYTES 8192
+/* Chunks of groups per thread, handed out dynamically. */
+#define CHUNKS_PER_THREAD 2
 
-/* Block k of a pair of W's rows, as floats (unscaled where W is int8). */
-static inline __attribute__((always_inline)) void load_pair_block(
-    const void *w_pair, int64_t k, const int int8, __m256 *w0, __m256 *w1) {
+/* Row j of block k of a group of W's rows, as floats (unscaled where W is int8). */
+static inline __attribute__((always_inline)) __m256 load_block(const void *w_group, int64_t k, int j, const int int8) {
     if (int8) {
-        const int8_t *w = (const int8_t *)w_pair + 16 * k;
-        *w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)w)));
-        *w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w + 8))));
-    } else {
-        const float *w = (const float *)w_pair + 16 * k;
-        *w0 = _mm256_loadu_ps(w);
-        *w1 = _mm256_loadu_ps(w + 8);
+        const int8_t *w = (const int8_t *)w_group + 8 * (GROUP * k + j);
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)w)));
     }
+    return _mm256_loadu_ps((const float *)w_group + 8 * (GROUP * k + j));
 }
 
-/* y[r][o] and y[r][o + 1] for the n_rows rows of x (n_rows and int8 are
- * constants at every call site: the accumulators live in registers). */
-static inline __attribute__((always_inline)) void pair_tile(
-    const float *x, const void *w_pair, const float *scale, const float *bias, float *y,
+/* y[o + j] = scale[o + j] sum8(lane sums) + bias[o + j]: the last steps of
+ * every output, in this one order. The padding rows of OUT are not written. */
+static inline __attribute__((always_inline)) void store_output(
+    float *y, __m256 lanes, const float *scale, const float *bias, int64_t out, int64_t o) {
+    if (o < out) y[o] = (scale ? scale[o] : 1.0f) * sum8(lanes) + (bias ? bias[o] : 0.0f);
+}
+
+/* y[r][o .. o + 3] for n_rows (1 to 3) rows of x: the group's four outputs
+ * side by side, each block of W loaded once for all of them. */
+static inline __attribute__((always_inline)) void group_few_rows(
+    const float *x, const void *w_group, const float *scale, const float *bias, float *y,
     int64_t in, int64_t out, int64_t o, const int n_rows, const int int8) {
     const int sets = int8 ? 2 : 1; /* int8: even blocks into set 0, odd ones into set 1 */
-    const int64_t blocks = in / 8, bytes_per_block = int8 ? 16 : 64;
-    __m256 acc0[FLOAT_TILE_ROWS], acc1[FLOAT_TILE_ROWS]; /* outputs o and o + 1, [set * n_rows + r] */
-    for (int a = 0; a < n_rows * sets; a++) {
-        acc0[a] = _mm256_setzero_ps();
-        acc1[a] = _mm256_setzero_ps();
-    }
+    const int64_t blocks = in / 8;
+    __m256 acc[2][GROUP][3]; /* [set][output j][row r] */
+    for (int set = 0; set < sets; set++)
+        for (int j = 0; j < GROUP; j++)
+            for (int r = 0; r < n_rows; r++) acc[set][j][r] = _mm256_setzero_ps();
+    const int64_t bytes_per_block = GROUP * 8 * (int8 ? 1 : 4);
     for (int64_t k = 0; k < blocks; k += sets) {
-        if (n_rows > 1) _mm_prefetch((const char *)w_pair + k * bytes_per_block + PREFETCH_BYTES, _MM_HINT_T2);
-        for (int set = 0; set < sets && k + set < blocks; set++) {
-            __m256 w0, w1;
-            load_pair_block(w_pair, k + set, int8, &w0, &w1);
+        if (n_rows > 1)
+            for (int64_t line = 0; line < sets * bytes_per_block; line += 64)
+                _mm_prefetch((const char *)w_group + k * bytes_per_block + line + PREFETCH_BYTES, _MM_HINT_T2);
+        for (int set = 0; set < sets && k + set < blocks; set++)
+            for (int j = 0; j < GROUP; j++) {
+                const __m256 w = load_block(w_group, k + set, j, int8);
+                for (int r = 0; r < n_rows; r++)
+                    acc[set][j][r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + r * in + 8 * (k + set)), acc[set][j][r]);
+            }
+    }
+    for (int j = 0; j < GROUP; j++)
+        for (int r = 0; r < n_rows; r++)
+            store_output(y + r * out, sets == 2 ? _mm256_add_ps(acc[0][j][r], acc[1][j][r]) : acc[0][j][r],
+                         scale, bias, out, o + j);
+}
+
+/* Blocks [k_begin, k_end) of outputs o + h and o + h + 1 (h = 0 or 2) for the
+ * n_rows rows of x, added to the lane sums acc0, acc1 ([set * n_rows + r]).
+ * n_rows, h and int8 are constants at every call site: the sums live in
+ * registers while the blocks run. */
+static inline __attribute__((always_inline)) void pair_blocks(
+    const float *x, const void *w_group, int64_t in, int64_t k_begin, int64_t k_end,
+    const int h, const int n_rows, const int int8, __m256 *acc0, __m256 *acc1) {
+    const int sets = int8 ? 2 : 1;
+    const int64_t bytes_per_block = GROUP * 8 * (int8 ? 1 : 4);
+    __m256 a0[2 * FLOAT_TILE_ROWS], a1[2 * FLOAT_TILE_ROWS];
+    for (int a = 0; a < n_rows * sets; a++) a0[a] = acc0[a], a1[a] = acc1[a];
+    for (int64_t k = k_begin; k < k_end; k += sets) {
+        if (n_rows > 1 && h == 0) /* the first pair's pass brings the group's blocks into L2 */
+            for (int64_t line = 0; line < sets * bytes_per_block; line += 64)
+                _mm_prefetch((const char *)w_group + k * bytes_per_block + line + PREFETCH_BYTES, _MM_HINT_T2);
+        for (int set = 0; set < sets && k + set < k_end; set++) {
+            const __m256 w0 = load_block(w_group, k + set, h, int8), w1 = load_block(w_group, k + set, h + 1, int8);
             for (int r = 0; r < n_rows; r++) {
                 __m256 xr = _mm256_loadu_ps(x + r * in + 8 * (k + set)); /* x[r][8k : 8k + 8] */
-                acc0[set * n_rows + r] = _mm256_fmadd_ps(w0, xr, acc0[set * n_rows + r]);
-                acc1[set * n_rows + r] = _mm256_fmadd_ps(w1, xr, acc1[set * n_rows + r]);
+                a0[set * n_rows + r] = _mm256_fmadd_ps(w0, xr, a0[set * n_rows + r]);
+                a1[set * n_rows + r] = _mm256_fmadd_ps(w1, xr, a1[set * n_rows + r]);
             }
         }
     }
-    const float s0 = scale ? scale[o] : 1.0f, s1 = scale && o + 1 < out ? scale[o + 1] : 1.0f;
-    for (int r = 0; r < n_rows; r++) {
-        if (sets == 2) {
-            acc0[r] = _mm256_add_ps(acc0[r], acc0[n_rows + r]);
-            acc1[r] = _mm256_add_ps(acc1[r], acc1[n_rows + r]);
-        }
-        y[r * out + o] = s0 * sum8(acc0[r]) + (bias ? bias[o] : 0.0f);
-        if (o + 1 < out) /* the padding row of an odd OUT is not written */
-            y[r * out + o + 1] = s1 * sum8(acc1[r]) + (bias ? bias[o + 1] : 0.0f);
-    }
+    for (int a = 0; a < n_rows * sets; a++) acc0[a] = a0[a], acc1[a] = a1[a];
 }
 
-/* One pair of outputs for all N rows, in tiles (W's pair stays in L1 across them). */
-static inline __attribute__((always_inline)) void pair_all_rows(
-    const float *x, const void *w_pair, const float *scale, const float *bias, float *y,
+/* y[r][o .. o + 3] for the n_rows rows of x: the group's two pairs take turns
+ * over stretches of K_STRETCH blocks, so that the second pair finds the
+ * stretch in L1. Each output's lane sums still run over k in order. */
+static inline __attribute__((always_inline)) void group_tile(
+    const float *x, const void *w_group, const float *scale, const float *bias, float *y,
+    int64_t in, int64_t out, int64_t o, const int n_rows, const int int8) {
+    const int sets = int8 ? 2 : 1;
+    const int64_t blocks = in / 8;
+    __m256 acc[4][2 * FLOAT_TILE_ROWS]; /* [output j][set * n_rows + r] */
+    for (int j = 0; j < 4; j++)
+        for (int a = 0; a < n_rows * sets; a++) acc[j][a] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < blocks; k += K_STRETCH) {
+        const int64_t k_end = k + K_STRETCH < blocks ? k + K_STRETCH : blocks;
+        pair_blocks(x, w_group, in, k, k_end, 0, n_rows, int8, acc[0], acc[1]);
+        pair_blocks(x, w_group, in, k, k_end, 2, n_rows, int8, acc[2], acc[3]);
+    }
+    for (int j = 0; j < 4; j++)
+        for (int r = 0; r < n_rows; r++)
+            store_output(y + r * out, sets == 2 ? _mm256_add_ps(acc[j][r], acc[j][n_rows + r]) : acc[j][r],
+                         scale, bias, out, o + j);
+}
+
+/* A group's four outputs for all N rows, in tiles of rows (the group's
+ * weights stay in cache across the tiles). Which tile depends on N: the
+ * four outputs side by side for one row or two (few sums in flight
+ * otherwise), and from MANY_ROWS rows, where arithmetic bounds the loop (3
+ * rows x 4 outputs loads fewer values per multiply-add than 7 x 2); the two
+ * pairs in turn, 7 rows at a time, in between, where memory does. */
+static inline __attribute__((always_inline)) void group_all_rows(
+    const float *x, const void *w_group, const float *scale, const float *bias, float *y,
     int64_t n, int64_t in, int64_t out, int64_t o, const int int8) {
-    const int64_t tile = int8 ? INT8_TILE_ROWS : FLOAT_TILE_ROWS;
+    if (n == 1) {
+        group_few_rows(x, w_group, scale, bias, y, in, out, o, 1, int8);
+        return;
+    }
+    const int side_by_side = !int8 && (n == 2 || n >= MANY_ROWS);
+    const int64_t tile = side_by_side ? 3 : int8 ? INT8_TILE_ROWS : FLOAT_TILE_ROWS;
     for (int64_t r0 = 0; r0 < n; r0 += tile) {
         const float *xt = x + r0 * in;
         float *yt = y + r0 * out;
-        switch (n - r0 < tile ? n - r0 : tile) {
-            case 1: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 1, int8); break;
-            case 2: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 2, int8); break;
-            case 3: pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 3, int8); break;
-            case 4: if (!int8) pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 4, 0); break;
-            case 5: if (!int8) pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 5, 0); break;
-            case 6: if (!int8) pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 6, 0); break;
-            default: if (!int8) pair_tile(xt, w_pair, scale, bias, yt, in, out, o, 7, 0); break;
+        const int64_t rows = n - r0 < tile ? n - r0 : tile;
+        if (side_by_side) {
+            if (rows == 1) group_few_rows(xt, w_group, scale, bias, yt, in, out, o, 1, 0);
+            else if (rows == 2) group_few_rows(xt, w_group, scale, bias, yt, in, out, o, 2, 0);
+            else group_few_rows(xt, w_group, scale, bias, yt, in, out, o, 3, 0);
+            continue;
+        }
+        switch (rows) {
+            case 1: group_tile(xt, w_group, scale, bias, yt, in, out, o, 1, int8); break;
+            case 2: group_tile(xt, w_group, scale, bias, yt, in, out, o, 2, int8); break;
+            case 3: group_tile(xt, w_group, scale, bias, yt, in, out, o, 3, int8); break;
+            case 4: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 4, 0); break;
+            case 5: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 5, 0); break;
+            case 6: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 6, 0); break;
+            default: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 7, 0); break;
         }
     }
 }
@@ -161,7 +231,7 @@ static void finish(float *y, const float *residual, int gelu, int64_t count) {
     }
 }
 
-/* x: (N, IN) row-major; packed: (ceil(OUT / 2), IN / 8, 2, 8), float32, or
+/* x: (N, IN) row-major; packed: (ceil(OUT / 4), IN / 8, 4, 8), float32, or
  * int8 with scale: (OUT,) the rows' scales (NULL for float32); bias: (OUT,)
  * or NULL; y: (N, OUT) row-major, every element written.
  * norm_weight, norm_bias: (IN,) and eps of a layer norm applied to x first, or
@@ -177,23 +247,23 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
         layer_norm_rows(x, norm_weight, norm_bias, norm_eps, normed, n, in);
         x = normed;
     }
-    const int64_t pairs = (out + 1) / 2;
-    const int64_t pair_bytes = 2 * in * (scale ? 1 : 4);
-    int64_t chunk = pairs / (CHUNKS_PER_THREAD * omp_get_max_threads());
-    chunk = chunk < 4 ? 4 : chunk;
-    const int64_t chunks = (pairs + chunk - 1) / chunk;
+    const int64_t groups = (out + GROUP - 1) / GROUP;
+    const int64_t group_bytes = GROUP * in * (scale ? 1 : 4);
+    int64_t chunk = groups / (CHUNKS_PER_THREAD * omp_get_max_threads());
+    chunk = chunk < 2 ? 2 : chunk;
+    const int64_t chunks = (groups + chunk - 1) / chunk;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t c = 0; c < chunks; c++) {
-        const int64_t p_begin = c * chunk, p_end = p_begin + chunk < pairs ? p_begin + chunk : pairs;
-        for (int64_t p = p_begin; p < p_end; p++) {
-            const void *w_pair = (const char *)packed + p * pair_bytes;
+        const int64_t g_begin = c * chunk, g_end = g_begin + chunk < groups ? g_begin + chunk : groups;
+        for (int64_t g = g_begin; g < g_end; g++) {
+            const void *w_group = (const char *)packed + g * group_bytes;
             if (scale)
-                pair_all_rows(x, w_pair, scale, bias, y, n, in, out, 2 * p, 1);
+                group_all_rows(x, w_group, scale, bias, y, n, in, out, GROUP * g, 1);
             else
-                pair_all_rows(x, w_pair, NULL, bias, y, n, in, out, 2 * p, 0);
+                group_all_rows(x, w_group, NULL, bias, y, n, in, out, GROUP * g, 0);
         }
-        if (gelu || residual) { /* this chunk's outputs [2 p_begin, 2 p_end) of every row */
-            const int64_t c_begin = 2 * p_begin, c_end = 2 * p_end < out ? 2 * p_end : out;
+        if (gelu || residual) { /* this chunk's outputs [4 g_begin, 4 g_end) of every row */
+            const int64_t c_begin = GROUP * g_begin, c_end = GROUP * g_end < out ? GROUP * g_end : out;
             for (int64_t r = 0; r < n; r++)
                 finish(y + r * out + c_begin, residual ? residual + r * out + c_begin : NULL, gelu, c_end - c_begin);
         }
