@@ -162,7 +162,8 @@ class SimulatedBatchDrafter(BatchDrafter):
 
     `references[b]` is row b's greedy decoding by the target alone (prompt
     included), which greedy speculative decoding reproduces. Greedy only.
-    The coins come from its own generator, drawn in batch order.
+    As in `SimulatedDrafter`, each (row, position) has its own coin, drawn
+    once per seed: every γ sees the same accepted positions.
     """
 
     def __init__(self, model: GPT2, references: list[list[int]], alpha: float, *, seed: int = 0) -> None:
@@ -171,7 +172,8 @@ class SimulatedBatchDrafter(BatchDrafter):
             raise ValueError(f"the simulated acceptance rate must lie in [0, 1], got {alpha}")
         self.references = [list(map(int, reference)) for reference in references]
         self.alpha = alpha
-        self.coins = torch.Generator().manual_seed(seed)
+        length = max(max(map(len, self.references)), model.config.n_ctx) + 1
+        self.coins = torch.rand(len(self.references), length, generator=torch.Generator().manual_seed(seed))  # (B, length)
 
     def pick(
         self, row: int, position: int, logits: torch.Tensor, sampling: SamplingConfig,
@@ -181,5 +183,6 @@ class SimulatedBatchDrafter(BatchDrafter):
             raise ValueError("simulated acceptance works with greedy decoding only (temperature 0)")
         reference = self.references[row]
         right = reference[position] if position < len(reference) else 0
-        token = right if torch.rand((), generator=self.coins) < self.alpha else (right + 1) % self.vocab_size
+        accept = position < self.coins.size(1) and bool(self.coins[row, position] < self.alpha)
+        token = right if accept else (right + 1) % self.vocab_size
         return torch.tensor(token, device=logits.device), None

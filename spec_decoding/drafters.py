@@ -185,6 +185,12 @@ class SimulatedDrafter(ModelDrafter):
     then accepted with probability alpha, independently: the i.i.d. model of
     Leviathan et al. 2023, section 3.
 
+    The coin of a position is drawn once per seed, for the position, not in
+    the order the drafts come: a chain drafts each position at most once, so
+    runs with the same seed and any γ or schedule see the same accepted and
+    rejected positions, and differ only in how their steps cut that string.
+    Comparisons between them then measure the method, not the luck of the draw.
+
     Greedy only: with sampling there is no single "right" token.
     """
 
@@ -194,7 +200,8 @@ class SimulatedDrafter(ModelDrafter):
             raise ValueError(f"the simulated acceptance rate must lie in [0, 1], got {alpha}")
         self.reference = reference.flatten().tolist()  # the target's greedy sequence, prompt included
         self.alpha = alpha
-        self.coins = torch.Generator().manual_seed(seed)  # its own randomness: the run's stays untouched
+        length = max(len(self.reference), model.config.n_ctx) + 1
+        self.coins = torch.rand(length, generator=torch.Generator().manual_seed(seed))  # (length,): one per position
 
     def pick(
         self, position: int, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
@@ -202,7 +209,7 @@ class SimulatedDrafter(ModelDrafter):
         if not sampling.greedy:
             raise ValueError("simulated acceptance works with greedy decoding only (temperature 0)")
         right = self.reference[position] if position < len(self.reference) else 0
-        if torch.rand((), generator=self.coins) < self.alpha:
+        if position < self.coins.numel() and self.coins[position] < self.alpha:
             token = right
         else:
             token = (right + 1) % self.vocab_size  # any token but the target's choice

@@ -4,9 +4,11 @@ Legend: K = tokens drafted in a step (γ), α = acceptance rate, α̂ = its esti
 
 - `FixedGamma`: K = γ every step (Leviathan et al. 2023).
 - `AutoGamma`: the K that maximises the expected tokens per second,
-  E(α̂, K) / (K t_d + t_v(K + 1)), with E from Leviathan et al. 2023, eq. 1,
-  the costs measured on this machine (costs.py) and α̂ a running estimate.
-  K = 0, a plain target step, is chosen when drafting cannot pay.
+  E(α, K) / (K t_d + t_v(K + 1)), with E from Leviathan et al. 2023, eq. 1,
+  the costs measured on this machine (costs.py), and the expectation taken
+  over what the steps so far say of α (a Beta distribution around the
+  running estimate α̂). K = 0, a plain target step, is chosen when drafting
+  cannot pay.
 - `HeuristicGamma`: Hugging Face's `num_assistant_tokens_schedule="heuristic"`,
   K + 2 after a step that accepted every draft, K - 1 otherwise.
 
@@ -81,13 +83,32 @@ def best_gamma(alpha: float, costs: StepCosts, max_gamma: int) -> int:
     return max(range(max_gamma + 1), key=lambda K: (expected_rate(alpha, K, costs), -K))
 
 
-class AutoGamma(GammaSchedule):
-    """Drafts the K that maximises expected tokens per second (`best_gamma`)
-    at the current estimate α̂.
+def posterior_tokens(a: float, b: float, K: int) -> float:
+    """E[1 + α + α^2 + ... + α^K] for α ~ Beta(a, b): the expected tokens of a
+    step that drafts K, when α is known only that far. E[α^j] is the product
+    of (a + i) / (a + b + i) over i < j (the Beta distribution's moments)."""
+    total, moment = 1.0, 1.0
+    for j in range(K):
+        moment *= (a + j) / (a + b + j)  # E[α^(j + 1)]
+        total += moment
+    return total
 
-    α̂ = (accepted + prior_alpha * prior_weight) / (judged + prior_weight),
-    where accepted and judged (drafts the verification reached: the accepted
-    ones and the first rejected one) are summed over the last `window` steps.
+
+class AutoGamma(GammaSchedule):
+    """Drafts the K that maximises the expected tokens per second, with α
+    not known but learnt from the steps so far.
+
+    What is known of α is a Beta(a, b) distribution: a = accepted +
+    prior_alpha * prior_weight, b = rejected + (1 - prior_alpha) *
+    prior_weight, where accepted and rejected drafts (a step judges its
+    accepted drafts and the first rejected one) are summed over the last
+    `window` steps. K maximises the expected tokens of the step under that
+    distribution over its cost, E_Beta[1 + α + ... + α^K] / (K t_d + t_v(K + 1))
+    (`posterior_tokens`). While α is uncertain, this is a little above
+    E(α̂, K) at the mean α̂, and more so for long drafts, since α^j is convex: a
+    long draft might be accepted in full. As steps accumulate it becomes
+    `best_gamma(α̂)`.
+
     The prior is worth `prior_weight` judged drafts, so it decides the first
     step and fades as soon as drafts are judged. Plain steps judge nothing but
     still enter the window: after `window` of them α̂ is back at the prior, and
@@ -125,14 +146,24 @@ class AutoGamma(GammaSchedule):
         self.outcomes: deque[tuple[int, int]] = deque(maxlen=check_integer(window, "window", 1))  # (accepted, judged)
 
     @property
-    def alpha_estimate(self) -> float:
-        """α̂ over the window, with the prior."""
+    def beta(self) -> tuple[float, float]:
+        """(a, b) of the Beta distribution of α: the window's accepted and
+        rejected drafts, plus the prior's."""
         accepted = sum(a for a, _ in self.outcomes)
-        judged = sum(j for _, j in self.outcomes)
-        return (accepted + self.prior_alpha * self.prior_weight) / (judged + self.prior_weight)
+        rejected = sum(j for _, j in self.outcomes) - accepted
+        prior = self.prior_alpha * self.prior_weight
+        return accepted + prior, rejected + self.prior_weight - prior
+
+    @property
+    def alpha_estimate(self) -> float:
+        """α̂, the mean of that distribution: the window with the prior."""
+        a, b = self.beta
+        return a / (a + b)
 
     def choose(self) -> int:
-        return best_gamma(self.alpha_estimate, self.costs, self.max_gamma)
+        a, b = self.beta
+        rates = [posterior_tokens(a, b, K) / self.costs.step_seconds(K) for K in range(self.max_gamma + 1)]
+        return max(range(self.max_gamma + 1), key=lambda K: (rates[K], -K))
 
     def update(self, drafted: int, accepted: int) -> None:
         judged = min(accepted + 1, drafted)  # the accepted drafts and the first rejected one

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from gpt2 import GPT2Config, fast, generate
+from gpt2.sampling import SamplingConfig
 from spec_decoding import BatchStats, SimulatedBatchDrafter, SpecStats, speculative_generate
 from helpers import PERTURBATION, perturbed_copy, three_drafts, tiny_gpt2
 
@@ -309,6 +310,21 @@ def test_simulated_batch_drafter_keeps_the_output_and_sets_alpha(target, drafts)
         rows, stats = speculative_generate(target, drafter, PROMPTS, gamma=4, max_new_tokens=NEW_TOKENS)
         assert rows == references
         assert stats.alpha == alpha if alpha in (0.0, 1.0) else 0.3 < stats.alpha < 0.9
+
+
+def test_simulated_batch_acceptance_belongs_to_the_row_and_position(target, drafts):
+    references = generate(target, PROMPTS, NEW_TOKENS)
+    logits, greedy = torch.zeros(CONFIG.vocab_size), SamplingConfig(0.0)
+    cells = [(row, p) for row in range(len(PROMPTS)) for p in range(len(PROMPTS[row]), len(references[row]))]
+
+    def picks(order):
+        drafter = SimulatedBatchDrafter(drafts["unrelated"], references, 0.5, seed=7)
+        return {cell: int(drafter.pick(*cell, logits, greedy, None)[0]) for cell in order}
+
+    forward = picks(cells)
+    assert forward == picks(cells[::-1])
+    right = sum(forward[(row, p)] == references[row][p] for row, p in cells)
+    assert 0 < right < len(cells)
 
 
 # ---------------------------------------------------------------------------
