@@ -6,11 +6,14 @@ the benchmark; bad settings are one line and exit 2. Speed is never asserted."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
+from benchmarks import drafting
 from benchmarks.common import run_cli
-from benchmarks.drafting import main
+from benchmarks.drafting import expected_speedups, main, modelled_seconds
+from spec_decoding import AutoGamma, FixedGamma, StepCosts
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -18,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path):
     out = tmp_path / "drafting"
     args = ["--tiny", "--parts", "simulated", "--alphas", "0.8", "--gammas", "2", "3", "--repeats", "2",
-            "--max-gen", "8", "--out", str(out)]
+            "--max-gen", "8", "--model-seeds", "20", "--out", str(out)]
     assert run_cli(main, args) == 0
     report = (out / "drafting.md").read_text(encoding="utf-8")
     assert "## auto against fixed γ and +2/-1 (simulated α)" in report
@@ -26,6 +29,48 @@ def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path):
     runs = json.loads((out / "drafting.json").read_text(encoding="utf-8"))["simulated"]["float32 alpha 0.8"]["runs"]
     assert set(runs) == {"fixed 2", "fixed 3", "auto", "heuristic", "plain"}
     assert all(len(runs[name]["ratios"]) == 2 for name in ("fixed 2", "fixed 3", "auto", "heuristic"))
+    assert all(len(runs[name]["modelled"]) == 2 for name in ("fixed 2", "fixed 3", "auto", "heuristic"))
+    assert "### The same in expectation (20 coin strings, cost model)" in report
+    expected = json.loads((out / "drafting.json").read_text(encoding="utf-8"))["expected"]["int8 alpha 0.8"]
+    assert set(expected) == {"fixed 2", "fixed 3", "auto", "heuristic"} and all(v > 0 for v in expected.values())
+
+
+COSTS = StepCosts(t_draft=0.2, t_verify=tuple(1.0 + 0.04 * (k - 1) for k in range(1, 14)))  # t_d, t_v(k) = 1 + 0.04 (k - 1)
+
+
+def test_the_cost_model_prices_the_loops_steps():
+    # alpha 1: every draft accepted; 10 tokens with gamma 4 take two steps of 4 drafts + 1 target token.
+    assert modelled_seconds(FixedGamma(4), 1.0, 10, COSTS, random.Random(0)) == pytest.approx(2 * (4 * 0.2 + 1.16))
+    # alpha 0: one token per step; K shrinks to the tokens left - 1 at the end (9 left: 4, ..., 2 left: 1, last: 0).
+    ks = [4, 4, 4, 4, 4, 4, 3, 2, 1, 0]
+    assert modelled_seconds(FixedGamma(4), 0.0, 10, COSTS, random.Random(0)) == pytest.approx(
+        sum(K * 0.2 + 1.0 + 0.04 * K for K in ks))
+
+
+class FrozenAuto(AutoGamma):
+    """A broken auto that never learns: it stays at its prior."""
+
+    def update(self, drafted, accepted):
+        pass
+
+
+def test_auto_is_near_the_best_fixed_gamma_in_expectation(monkeypatch):
+    # 400 coin strings of 64 tokens per alpha: auto within 5% of the best
+    # fixed gamma on average at each alpha, and ahead of the +2/-1 rule over
+    # the alphas. An auto that does not learn fails at alpha 0.9 (checked
+    # below), so the tolerance does not pass anything.
+    alphas, gammas = [0.5, 0.7, 0.9], list(range(1, 9))
+    auto, heuristic = [], []
+    for alpha in alphas:
+        speedups = expected_speedups(COSTS, alpha, 64, gammas, seeds=400)
+        best = max(v for name, v in speedups.items() if name.startswith("fixed"))
+        assert speedups["auto"] >= 0.95 * best, alpha
+        auto.append(speedups["auto"] / best)
+        heuristic.append(speedups["heuristic"] / best)
+    assert sum(auto) > sum(heuristic)
+    monkeypatch.setattr(drafting, "AutoGamma", FrozenAuto)
+    frozen = expected_speedups(COSTS, 0.9, 64, gammas, seeds=400)
+    assert frozen["auto"] < 0.95 * max(v for name, v in frozen.items() if name.startswith("fixed"))
 
 
 @pytest.mark.parametrize("bad", [["--repeats", "0"], ["--gammas", "0"], ["--alphas", "1.5"], ["--ngram", "0"],
