@@ -173,6 +173,14 @@ class ModelDrafter(Drafter):
         self.cache.rewind(min(self.cache.length, valid))
 
 
+def position_coins(seed: int, length: int) -> torch.Tensor:
+    """(length,) uniform numbers in [0, 1), one per position of the sequence:
+    the simulated drafters' coins. The same seed and length give the same
+    coins to a chain and a tree drafter, so that their runs meet the same
+    accepted positions."""
+    return torch.rand(length, generator=torch.Generator().manual_seed(seed))
+
+
 class SimulatedDrafter(ModelDrafter):
     """A drafter with a chosen acceptance rate, for measuring the loop.
 
@@ -200,8 +208,7 @@ class SimulatedDrafter(ModelDrafter):
             raise ValueError(f"the simulated acceptance rate must lie in [0, 1], got {alpha}")
         self.reference = reference.flatten().tolist()  # the target's greedy sequence, prompt included
         self.alpha = alpha
-        length = max(len(self.reference), model.config.n_ctx) + 1
-        self.coins = torch.rand(length, generator=torch.Generator().manual_seed(seed))  # (length,): one per position
+        self.coins = position_coins(seed, max(len(self.reference), model.config.n_ctx) + 1)
 
     def pick(
         self, position: int, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None

@@ -26,7 +26,7 @@ import torch
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
-from .drafters import ModelDrafter
+from .drafters import ModelDrafter, position_coins
 from .tree import TokenTree, TreeShape
 from .tree_acceptance import without
 
@@ -220,6 +220,12 @@ class SimulatedTreeDrafter(TreeDrafter):
     them with the remaining probability, independently per depth. Its draft
     is calibrated: rank r has draft probability profile[r - 1], which is what
     a dynamic shape ranks by. Greedy only.
+
+    The draw at a position is its coin (`position_coins`, as in
+    `SimulatedDrafter`): rank 1 exactly when the coin is below profile[0].
+    A chain `SimulatedDrafter` with alpha = profile[0] and the same seed meets
+    the same right and wrong first candidates, so a tree and a chain are
+    compared on the same luck.
     """
 
     def __init__(
@@ -230,7 +236,7 @@ class SimulatedTreeDrafter(TreeDrafter):
             raise ValueError(f"an acceptance profile is P(rank 1), P(rank 2), ... >= 0 summing to <= 1, got {profile}")
         self.reference = reference.flatten().tolist()
         self.profile = tuple(profile)
-        self.coins = torch.Generator().manual_seed(seed)  # its own randomness: the run's stays untouched
+        self.coins = position_coins(seed, max(len(self.reference), self.model.config.n_ctx) + 1)
 
     def distributions(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         if not sampling.greedy:
@@ -250,7 +256,8 @@ class SimulatedTreeDrafter(TreeDrafter):
             start + i < len(self.reference) and token == self.reference[start + i] for i, token in enumerate(path)
         )
         right = self.reference[position] if position < len(self.reference) else 0
-        rank, u = None, float(torch.rand((), generator=self.coins))  # None: the right token is none of them
+        u = float(self.coins[position]) if position < self.coins.numel() else 1.0
+        rank = None  # None: the right token is none of them
         for r, cumulative in enumerate(torch.tensor(self.profile).cumsum(0).tolist()):
             if u < cumulative:
                 rank = r

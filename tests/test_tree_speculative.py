@@ -253,6 +253,22 @@ def test_the_simulated_tree_drafter_keeps_the_output_and_follows_its_profile(mod
         assert 0 < stats.alpha < 1 and depth1[0] > depth1[1] > 0
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_one_branch_tree_meets_the_same_luck_as_the_chain(models, seed):
+    # Simulated tree and chain drafters with the same seed draw one coin per
+    # position: a tree of one candidate per depth is then the chain, step for step.
+    target, drafts = models
+    ids = prompt()
+    reference = generate(target, ids, NEW_TOKENS)
+    chain = speculative_generate(target, SimulatedDrafter(drafts["unrelated"], reference, 0.6, seed=seed), ids,
+                                 gamma=3, max_new_tokens=NEW_TOKENS)[1]
+    tree = speculative_generate(target, SimulatedTreeDrafter(drafts["unrelated"], reference, (0.6, 0.2), seed=seed),
+                                ids, tree="1,1,1", max_new_tokens=NEW_TOKENS)[1]
+    assert 0 < chain.accepted < chain.drafted
+    assert (tree.accepted, tree.target_calls, tree.accepted_hist) == (chain.accepted, chain.target_calls,
+                                                                     chain.accepted_hist)
+
+
 def test_the_simulated_tree_drafter_refuses_bad_settings(models):
     target, drafts = models
     reference = generate(target, prompt(), 8)
