@@ -12,7 +12,9 @@ within a repeat.
     python -m benchmarks.compare_commits /tmp/before . --tiny --repeats 1    # a smoke run
 
 The workers import only names both sides have (a checkout from before
-gpt2/fast/ is accelerated by `prepare_linear_layers`, as it was then).
+gpt2/fast/ is accelerated by `prepare_linear_layers`, as it was then), and
+draw the simulated drafter's coins themselves, one per position, so that both
+sides' speculative runs accept the same drafts.
 """
 
 from __future__ import annotations
@@ -49,6 +51,19 @@ def build(name, seed):
         model.prepare_linear_layers()
     return model
 
+class SameLuck(SimulatedDrafter):
+    # Either checkout's simulated drafter, with one coin per position drawn
+    # here: both sides meet the same accepted positions.
+
+    def __init__(self, model, reference, alpha, seed):
+        super().__init__(model, reference, alpha, seed=seed)
+        self.luck = torch.rand(len(self.reference) + 1, generator=torch.Generator().manual_seed(seed))
+
+    def pick(self, position, logits, sampling, generator):
+        right = self.reference[position] if position < len(self.reference) else 0
+        token = right if position < len(self.luck) and self.luck[position] < self.alpha else (right + 1) % self.vocab_size
+        return torch.tensor(token), None
+
 target, draft = build(target_name, 0), build(draft_name, 1)
 V = target.config.vocab_size
 g = torch.Generator().manual_seed(1)
@@ -74,7 +89,7 @@ with torch.inference_mode():
         t0 = time.perf_counter()
         plain = generate(target, prompt, new_tokens)
         t1 = time.perf_counter()
-        out, _ = speculative_generate(target, SimulatedDrafter(draft, reference, 0.8, seed=3), prompt,
+        out, _ = speculative_generate(target, SameLuck(draft, reference, 0.8, seed=3), prompt,
                                       gamma=4, max_new_tokens=new_tokens)
         t2 = time.perf_counter()
         assert torch.equal(plain, reference) and torch.equal(out, reference)
