@@ -5,8 +5,8 @@ random weights, fp32, batch 1. r_k = t_v(k) / t_step is the cost of
 verifying gamma = k - 1 drafts: speculative decoding pays only while it stays
 near 1 (Leviathan et al. 2023). --tree-mask also times each k with a token
 tree's mask; --busy N keeps N cores busy in every other phase, for every
-figure and the simulated alpha 0.8, gamma 4 speedup quiet and loaded;
---fixed-threads also times the fast path without its thread chooser.
+figure and the simulated alpha 0.8, gamma 4 speedup quiet and loaded (each
+phase first runs a few untimed passes: `settle`); --fixed-threads also times the fast path without its thread chooser.
 
     python -m benchmarks.decode_speed                      # gpt2 and gpt2-large shapes
     python -m benchmarks.decode_speed --models gpt2-large --tree-mask --readable --int8
@@ -46,6 +46,7 @@ SIM_ALPHA, SIM_GAMMA, SIM_PROMPT = 0.8, 4, 32  # the simulated speculative runs 
 # A spinner: a tight Python loop that ends by itself once its parent is gone.
 SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    for _ in range(10**6): pass\n"
 SETTLE_S = 0.2  # after starting the spinners, before timing
+SETTLE_STEPS = 6  # untimed decode steps per phase with --busy (`settle`)
 
 
 def say(message: str) -> None:
@@ -228,6 +229,19 @@ def one_turn(r, prompts: dict[str, torch.Tensor], drafts: torch.Tensor, ks: dict
     return got
 
 
+def settle(r, prompts: dict[str, torch.Tensor], drafts: torch.Tensor, ks: dict[str, list[int]]) -> None:
+    """Untimed passes before a phase is timed with --busy: SETTLE_STEPS decode
+    steps and one pass of each verification length, so that the thread
+    chooser (gpt2/fast/threads.py: it moves after a few passes far from their
+    usual time) meets the load it is timed under, as in a generation during
+    which the load lasts. Every runner gets them."""
+    for slot in prompts:
+        for _ in range(SETTLE_STEPS):
+            r.verify(drafts[:, :1], slot)
+        for k in ks[slot][1:]:
+            r.verify(drafts[:, :k], slot)
+
+
 def time_interleaved(runners: list, prompts: dict[str, torch.Tensor], drafts: torch.Tensor,
                      ks: dict[str, list[int]], args: argparse.Namespace, probe: BandwidthProbe,
                      spinners: Spinners) -> dict[str, dict[str, dict[str, list[float]]]]:
@@ -245,6 +259,8 @@ def time_interleaved(runners: list, prompts: dict[str, torch.Tensor], drafts: to
         for phase in phases if rep % 2 == 0 else phases[::-1]:
             with spinners.running(phase == "loaded"):
                 for r in runners if rep % 2 == 0 else runners[::-1]:
+                    if spinners.n:
+                        settle(r, prompts, drafts, ks)
                     got = one_turn(r, prompts, drafts, ks, probe)
                     for key, value in got.items() if rep >= args.warmup else ():
                         samples[phase][r.label].setdefault(key, []).append(value)
@@ -343,7 +359,8 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
 
 def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
     """Greedy speculative decoding of --gen tokens after a SIM_PROMPT-token
-    prompt with a `SimulatedDrafter` (alpha SIM_ALPHA, gamma SIM_GAMMA) against
+    prompt with a `SimulatedDrafter` (alpha SIM_ALPHA, gamma SIM_GAMMA; repeat
+    r draws its coins from seed --seed + r, the same in both phases) against
     `generate`, quiet and loaded:
     speedup = the median over repeats of baseline / speculative seconds in
     the same phase of the same repeat."""
@@ -354,26 +371,31 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
     g = torch.Generator().manual_seed(args.seed)
     prompt = torch.randint(target.config.vocab_size, (1, SIM_PROMPT), generator=g)  # (1, P)
     reference = generate(target, prompt, args.gen)  # (1, P + gen): what the simulated drafter copies
-    runs = {}
+    runs = []  # the SpecStats of every timed speculative run
 
-    def speculative():
-        drafter = SimulatedDrafter(draft, reference, SIM_ALPHA, seed=args.seed)
-        out, runs["stats"] = speculative_generate(target, drafter, prompt, gamma=SIM_GAMMA, max_new_tokens=args.gen)
+    def speculative(seed: int):
+        drafter = SimulatedDrafter(draft, reference, SIM_ALPHA, seed=seed)
+        out, stats = speculative_generate(target, drafter, prompt, gamma=SIM_GAMMA, max_new_tokens=args.gen)
         assert torch.equal(out, reference), "greedy speculative output must equal greedy decoding"
+        return stats
 
     seconds = {phase: {"baseline": [], "speculative": []} for phase in ("quiet", "loaded")}
     for rep in range(args.warmup + args.repeats):
         say(f"  repeat {rep + 1} of {args.warmup + args.repeats}" + (" (warm-up)" if rep < args.warmup else ""))
         for phase in ("quiet", "loaded") if rep % 2 == 0 else ("loaded", "quiet"):
             with spinners.running(phase == "loaded"):
-                jobs = [("baseline", lambda: generate(target, prompt, args.gen)), ("speculative", speculative)]
+                box = {}
+                jobs = [("baseline", lambda: generate(target, prompt, args.gen)),
+                        ("speculative", lambda: box.update(stats=speculative(args.seed + rep)))]  # both phases: one luck
                 for kind, job in jobs if rep % 2 == 0 else jobs[::-1]:
                     t = timed(job)
                     if rep >= args.warmup:
                         seconds[phase][kind].append(t)
+                if rep >= args.warmup:
+                    runs.append(box["stats"])
     result = {"target": args.models[-1], "draft": args.draft, "alpha_sim": SIM_ALPHA, "gamma": SIM_GAMMA,
-              "new_tokens": args.gen, "alpha": runs["stats"].alpha,
-              "tokens_per_target_call": runs["stats"].tokens_per_target_call}
+              "new_tokens": args.gen, "alpha": sum(r.alpha for r in runs) / len(runs),
+              "tokens_per_target_call": sum(r.tokens_per_target_call for r in runs) / len(runs)}
     for phase, s in seconds.items():
         speedups = [b / t for b, t in zip(s["baseline"], s["speculative"])]
         result[phase] = {"speedup": median(speedups), "speedup_min": min(speedups), "speedup_max": max(speedups),
@@ -464,9 +486,9 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
                   f"α = {speedup['alpha_sim']:g}, γ = {speedup['gamma']}, {speedup['new_tokens']} new tokens after a "
                   f"{SIM_PROMPT}-token prompt", "",
                   f"Greedy, random weights; `SimulatedDrafter` proposes the target's token with probability "
-                  f"{speedup['alpha_sim']:g} (measured α {speedup['alpha']:.3f}, "
-                  f"{speedup['tokens_per_target_call']:.2f} tokens per target call). speedup: the median over "
-                  "repeats of `generate` seconds / speculative seconds in the same phase.", "",
+                  f"{speedup['alpha_sim']:g}, coins from seed --seed + repeat (measured α {speedup['alpha']:.3f}, "
+                  f"{speedup['tokens_per_target_call']:.2f} tokens per target call, means over the runs). speedup: "
+                  "the median over repeats of `generate` seconds / speculative seconds in the same phase.", "",
                   markdown_table(["load", "speedup [min-max]", "baseline (s)", "speculative (s)"], [
                       [phase if phase == "quiet" else f"{args.busy} busy",
                        f"{s['speedup']:.2f} [{s['speedup_min']:.2f}-{s['speedup_max']:.2f}]",
