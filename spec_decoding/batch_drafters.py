@@ -23,6 +23,8 @@ from gpt2.generate import prefill_rows
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
+from .drafters import position_coins
+
 
 @dataclass
 class BatchDraft:
@@ -173,7 +175,7 @@ class SimulatedBatchDrafter(BatchDrafter):
         self.references = [list(map(int, reference)) for reference in references]
         self.alpha = alpha
         length = max(max(map(len, self.references)), model.config.n_ctx) + 1
-        self.coins = torch.rand(len(self.references), length, generator=torch.Generator().manual_seed(seed))  # (B, length)
+        self.coins = position_coins(seed, len(self.references), length)  # coins[row][position]
 
     def pick(
         self, row: int, position: int, logits: torch.Tensor, sampling: SamplingConfig,
@@ -183,6 +185,6 @@ class SimulatedBatchDrafter(BatchDrafter):
             raise ValueError("simulated acceptance works with greedy decoding only (temperature 0)")
         reference = self.references[row]
         right = reference[position] if position < len(reference) else 0
-        accept = position < self.coins.size(1) and bool(self.coins[row, position] < self.alpha)
+        accept = position < len(self.coins[row]) and self.coins[row][position] < self.alpha
         token = right if accept else (right + 1) % self.vocab_size
         return torch.tensor(token, device=logits.device), None

@@ -173,12 +173,12 @@ class ModelDrafter(Drafter):
         self.cache.rewind(min(self.cache.length, valid))
 
 
-def position_coins(seed: int, length: int) -> torch.Tensor:
-    """(length,) uniform numbers in [0, 1), one per position of the sequence:
-    the simulated drafters' coins. The same seed and length give the same
-    coins to a chain and a tree drafter, so that their runs meet the same
-    accepted positions."""
-    return torch.rand(length, generator=torch.Generator().manual_seed(seed))
+def position_coins(seed: int, rows: int, length: int) -> list[list[float]]:
+    """coins[row][position]: uniform numbers in [0, 1), one per position of
+    each row's sequence, the simulated drafters' coins. The same seed and
+    length give the same coins to a chain, a tree and a batch drafter (row 0),
+    so that their runs meet the same accepted positions."""
+    return torch.rand(rows, length, generator=torch.Generator().manual_seed(seed)).tolist()  # (rows, length)
 
 
 class SimulatedDrafter(ModelDrafter):
@@ -208,7 +208,7 @@ class SimulatedDrafter(ModelDrafter):
             raise ValueError(f"the simulated acceptance rate must lie in [0, 1], got {alpha}")
         self.reference = reference.flatten().tolist()  # the target's greedy sequence, prompt included
         self.alpha = alpha
-        self.coins = position_coins(seed, max(len(self.reference), model.config.n_ctx) + 1)
+        self.coins = position_coins(seed, 1, max(len(self.reference), model.config.n_ctx) + 1)[0]
 
     def pick(
         self, position: int, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
@@ -216,7 +216,7 @@ class SimulatedDrafter(ModelDrafter):
         if not sampling.greedy:
             raise ValueError("simulated acceptance works with greedy decoding only (temperature 0)")
         right = self.reference[position] if position < len(self.reference) else 0
-        if position < self.coins.numel() and self.coins[position] < self.alpha:
+        if position < len(self.coins) and self.coins[position] < self.alpha:
             token = right
         else:
             token = (right + 1) % self.vocab_size  # any token but the target's choice

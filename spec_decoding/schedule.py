@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 
 from gpt2.generate import check_integer
 from gpt2.model import GPT2
@@ -78,9 +79,14 @@ def expected_rate(alpha: float, K: int, costs: StepCosts) -> float:
     return expected_tokens_per_step(alpha, K) / costs.step_seconds(K)
 
 
+def fastest(rate: Callable[[int], float], max_gamma: int) -> int:
+    """argmax over K = 0 .. max_gamma of rate(K) (the smallest K on a tie)."""
+    return max(range(max_gamma + 1), key=lambda K: (rate(K), -K))
+
+
 def best_gamma(alpha: float, costs: StepCosts, max_gamma: int) -> int:
-    """argmax over K = 0 .. max_gamma of `expected_rate` (the smallest K on a tie)."""
-    return max(range(max_gamma + 1), key=lambda K: (expected_rate(alpha, K, costs), -K))
+    """The K of the highest `expected_rate` at a known α."""
+    return fastest(lambda K: expected_rate(alpha, K, costs), max_gamma)
 
 
 def posterior_tokens(a: float, b: float, K: int) -> float:
@@ -162,8 +168,7 @@ class AutoGamma(GammaSchedule):
 
     def choose(self) -> int:
         a, b = self.beta
-        rates = [posterior_tokens(a, b, K) / self.costs.step_seconds(K) for K in range(self.max_gamma + 1)]
-        return max(range(self.max_gamma + 1), key=lambda K: (rates[K], -K))
+        return fastest(lambda K: posterior_tokens(a, b, K) / self.costs.step_seconds(K), self.max_gamma)
 
     def update(self, drafted: int, accepted: int) -> None:
         judged = min(accepted + 1, drafted)  # the accepted drafts and the first rejected one

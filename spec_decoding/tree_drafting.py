@@ -19,6 +19,7 @@ verifies), and decides how many children a node gets before drawing them.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -236,7 +237,8 @@ class SimulatedTreeDrafter(TreeDrafter):
             raise ValueError(f"an acceptance profile is P(rank 1), P(rank 2), ... >= 0 summing to <= 1, got {profile}")
         self.reference = reference.flatten().tolist()
         self.profile = tuple(profile)
-        self.coins = position_coins(seed, max(len(self.reference), self.model.config.n_ctx) + 1)
+        self.coins = position_coins(seed, 1, max(len(self.reference), self.model.config.n_ctx) + 1)[0]
+        self.cumulative = list(itertools.accumulate(self.profile))  # P(rank <= r + 1)
 
     def distributions(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         if not sampling.greedy:
@@ -256,9 +258,9 @@ class SimulatedTreeDrafter(TreeDrafter):
             start + i < len(self.reference) and token == self.reference[start + i] for i, token in enumerate(path)
         )
         right = self.reference[position] if position < len(self.reference) else 0
-        u = float(self.coins[position]) if position < self.coins.numel() else 1.0
+        u = self.coins[position] if position < len(self.coins) else 1.0
         rank = None  # None: the right token is none of them
-        for r, cumulative in enumerate(torch.tensor(self.profile).cumsum(0).tolist()):
+        for r, cumulative in enumerate(self.cumulative):
             if u < cumulative:
                 rank = r
                 break

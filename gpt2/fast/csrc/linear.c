@@ -20,8 +20,10 @@
  *
  * One row (a decode step) takes a group's four outputs at once: four chains
  * of multiply-adds, so that each need not wait for its previous one (one
- * output alone is latency-bound). More rows take the group as two pairs of
- * outputs, each against a tile of up to 7 rows.
+ * output alone is latency-bound). Two rows, and MANY_ROWS or more, take the
+ * four outputs against tiles of up to 3 rows; in between, the group's two
+ * pairs of outputs take turns against tiles of up to 7 rows
+ * (`group_all_rows` says why).
  *
  * Batch invariance: every output y[r][o] is summed in one fixed order, the
  * same whatever N is and whichever rows share its tile: 8 lane sums over k
@@ -48,7 +50,8 @@
  * bound by that latency), so its tiles take 3 rows. */
 #define FLOAT_TILE_ROWS 7
 #define INT8_TILE_ROWS 3
-#define MANY_ROWS 24 /* from here on, 4 outputs x 3 rows per tile */
+#define SIDE_BY_SIDE_ROWS 3 /* rows of a tile that takes a group's four outputs at once */
+#define MANY_ROWS 24 /* from here on, 4 outputs x SIDE_BY_SIDE_ROWS rows per tile */
 #define GROUP 4 /* rows of W packed together */
 #define K_STRETCH 8 /* blocks of k per turn of a group's two pairs (even: int8's two sets) */
 /* With N > 1, W is prefetched this far ahead into L2: the loop does enough
@@ -67,6 +70,15 @@ static inline __attribute__((always_inline)) __m256 load_block(const void *w_gro
     return _mm256_loadu_ps((const float *)w_group + 8 * (GROUP * k + j));
 }
 
+/* Prefetches into L2 the group's blocks PREFETCH_BYTES ahead of block k, all
+ * the cache lines of the `sets` blocks the loop takes per step. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const void *w_group, int64_t k, const int sets,
+                                                               const int int8) {
+    const int64_t bytes_per_block = GROUP * 8 * (int8 ? 1 : 4);
+    for (int64_t line = 0; line < sets * bytes_per_block; line += 64)
+        _mm_prefetch((const char *)w_group + k * bytes_per_block + line + PREFETCH_BYTES, _MM_HINT_T2);
+}
+
 /* y[o + j] = scale[o + j] sum8(lane sums) + bias[o + j]: the last steps of
  * every output, in this one order. The padding rows of OUT are not written. */
 static inline __attribute__((always_inline)) void store_output(
@@ -74,22 +86,19 @@ static inline __attribute__((always_inline)) void store_output(
     if (o < out) y[o] = (scale ? scale[o] : 1.0f) * sum8(lanes) + (bias ? bias[o] : 0.0f);
 }
 
-/* y[r][o .. o + 3] for n_rows (1 to 3) rows of x: the group's four outputs
+/* y[r][o .. o + 3] for n_rows (1 to SIDE_BY_SIDE_ROWS) rows of x: the group's four outputs
  * side by side, each block of W loaded once for all of them. */
 static inline __attribute__((always_inline)) void group_few_rows(
     const float *x, const void *w_group, const float *scale, const float *bias, float *y,
     int64_t in, int64_t out, int64_t o, const int n_rows, const int int8) {
     const int sets = int8 ? 2 : 1; /* int8: even blocks into set 0, odd ones into set 1 */
     const int64_t blocks = in / 8;
-    __m256 acc[2][GROUP][3]; /* [set][output j][row r] */
+    __m256 acc[2][GROUP][SIDE_BY_SIDE_ROWS]; /* [set][output j][row r] */
     for (int set = 0; set < sets; set++)
         for (int j = 0; j < GROUP; j++)
             for (int r = 0; r < n_rows; r++) acc[set][j][r] = _mm256_setzero_ps();
-    const int64_t bytes_per_block = GROUP * 8 * (int8 ? 1 : 4);
     for (int64_t k = 0; k < blocks; k += sets) {
-        if (n_rows > 1)
-            for (int64_t line = 0; line < sets * bytes_per_block; line += 64)
-                _mm_prefetch((const char *)w_group + k * bytes_per_block + line + PREFETCH_BYTES, _MM_HINT_T2);
+        if (n_rows > 1) prefetch_ahead(w_group, k, sets, int8);
         for (int set = 0; set < sets && k + set < blocks; set++)
             for (int j = 0; j < GROUP; j++) {
                 const __m256 w = load_block(w_group, k + set, j, int8);
@@ -111,13 +120,10 @@ static inline __attribute__((always_inline)) void pair_blocks(
     const float *x, const void *w_group, int64_t in, int64_t k_begin, int64_t k_end,
     const int h, const int n_rows, const int int8, __m256 *acc0, __m256 *acc1) {
     const int sets = int8 ? 2 : 1;
-    const int64_t bytes_per_block = GROUP * 8 * (int8 ? 1 : 4);
     __m256 a0[2 * FLOAT_TILE_ROWS], a1[2 * FLOAT_TILE_ROWS];
     for (int a = 0; a < n_rows * sets; a++) a0[a] = acc0[a], a1[a] = acc1[a];
     for (int64_t k = k_begin; k < k_end; k += sets) {
-        if (n_rows > 1 && h == 0) /* the first pair's pass brings the group's blocks into L2 */
-            for (int64_t line = 0; line < sets * bytes_per_block; line += 64)
-                _mm_prefetch((const char *)w_group + k * bytes_per_block + line + PREFETCH_BYTES, _MM_HINT_T2);
+        if (n_rows > 1 && h == 0) prefetch_ahead(w_group, k, sets, int8); /* the first pair's turn, for both */
         for (int set = 0; set < sets && k + set < k_end; set++) {
             const __m256 w0 = load_block(w_group, k + set, h, int8), w1 = load_block(w_group, k + set, h + 1, int8);
             for (int r = 0; r < n_rows; r++) {
@@ -138,15 +144,15 @@ static inline __attribute__((always_inline)) void group_tile(
     int64_t in, int64_t out, int64_t o, const int n_rows, const int int8) {
     const int sets = int8 ? 2 : 1;
     const int64_t blocks = in / 8;
-    __m256 acc[4][2 * FLOAT_TILE_ROWS]; /* [output j][set * n_rows + r] */
-    for (int j = 0; j < 4; j++)
+    __m256 acc[GROUP][2 * FLOAT_TILE_ROWS]; /* [output j][set * n_rows + r] */
+    for (int j = 0; j < GROUP; j++)
         for (int a = 0; a < n_rows * sets; a++) acc[j][a] = _mm256_setzero_ps();
     for (int64_t k = 0; k < blocks; k += K_STRETCH) {
         const int64_t k_end = k + K_STRETCH < blocks ? k + K_STRETCH : blocks;
         pair_blocks(x, w_group, in, k, k_end, 0, n_rows, int8, acc[0], acc[1]);
         pair_blocks(x, w_group, in, k, k_end, 2, n_rows, int8, acc[2], acc[3]);
     }
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < GROUP; j++)
         for (int r = 0; r < n_rows; r++)
             store_output(y + r * out, sets == 2 ? _mm256_add_ps(acc[j][r], acc[j][n_rows + r]) : acc[j][r],
                          scale, bias, out, o + j);
@@ -156,7 +162,7 @@ static inline __attribute__((always_inline)) void group_tile(
  * weights stay in cache across the tiles). Which tile depends on N: the
  * four outputs side by side for one row or two (few sums in flight
  * otherwise), and from MANY_ROWS rows, where arithmetic bounds the loop (3
- * rows x 4 outputs loads fewer values per multiply-add than 7 x 2); the two
+ * rows x 4 outputs load fewer values per multiply-add than 7 x 2); the two
  * pairs in turn, 7 rows at a time, in between, where memory does. */
 static inline __attribute__((always_inline)) void group_all_rows(
     const float *x, const void *w_group, const float *scale, const float *bias, float *y,
@@ -166,7 +172,7 @@ static inline __attribute__((always_inline)) void group_all_rows(
         return;
     }
     const int side_by_side = !int8 && (n == 2 || n >= MANY_ROWS);
-    const int64_t tile = side_by_side ? 3 : int8 ? INT8_TILE_ROWS : FLOAT_TILE_ROWS;
+    const int64_t tile = side_by_side ? SIDE_BY_SIDE_ROWS : int8 ? INT8_TILE_ROWS : FLOAT_TILE_ROWS;
     for (int64_t r0 = 0; r0 < n; r0 += tile) {
         const float *xt = x + r0 * in;
         float *yt = y + r0 * out;
@@ -174,7 +180,7 @@ static inline __attribute__((always_inline)) void group_all_rows(
         if (side_by_side) {
             if (rows == 1) group_few_rows(xt, w_group, scale, bias, yt, in, out, o, 1, 0);
             else if (rows == 2) group_few_rows(xt, w_group, scale, bias, yt, in, out, o, 2, 0);
-            else group_few_rows(xt, w_group, scale, bias, yt, in, out, o, 3, 0);
+            else group_few_rows(xt, w_group, scale, bias, yt, in, out, o, SIDE_BY_SIDE_ROWS, 0);
             continue;
         }
         switch (rows) {
