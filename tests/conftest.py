@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.common import load_prompt_tokenizer
 from gpt2.fast import build
 from helpers import GPT2_BPE_DIR
 from hub_server import hub, no_hub  # noqa: F401  (fixtures, registered for every test file)
@@ -51,6 +52,16 @@ def gpt2_bpe_dir() -> Path:
     if not GPT2_BPE_DIR.is_dir():
         pytest.skip(f"the real GPT-2 vocabulary is not at {GPT2_BPE_DIR} (../shared/gpt2-bpe from the repo root)")
     return GPT2_BPE_DIR
+
+
+@pytest.fixture(scope="session")
+def prompt_tokenizer():
+    """The tokenizer the benchmarks encode their real prompts with: it needs
+    the GPT-2 vocabulary (../shared/gpt2-bpe, or tiktoken's cache), or a skip."""
+    try:
+        return load_prompt_tokenizer(None)
+    except FileNotFoundError as e:
+        pytest.skip(f"no GPT-2 vocabulary to encode the benchmark prompts: {e}")
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from spec_decoding import AutoGamma, FixedGamma, StepCosts
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path):
+def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path, prompt_tokenizer):  # the prompts need it
     out = tmp_path / "drafting"
     args = ["--tiny", "--parts", "simulated", "--alphas", "0.8", "--gammas", "2", "3", "--repeats", "2",
             "--max-gen", "8", "--model-seeds", "20", "--out", str(out)]

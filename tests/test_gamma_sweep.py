@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.common import load_prompt_tokenizer, run_cli
+from benchmarks.common import run_cli
 from benchmarks.gamma_sweep import main
 from benchmarks.sweep_report import COLUMNS, PEER_COLUMNS, pooled, predicted_speedup_with_start
 from gpt2 import GPT2, GPT2Config, generate, init_random_weights
@@ -33,16 +33,6 @@ TINY_SWEEP = ["--tiny", "--gamma", "1", "3", "--max-gen", "6", "10", "--prompts"
 @pytest.fixture(scope="module", autouse=True)
 def one_thread(single_thread):
     """The tiny models here are latency-bound: one thread (conftest's `single_thread`)."""
-
-
-@pytest.fixture(scope="module")
-def prompt_tokenizer():
-    """The sweep encodes the real prompts: it needs the GPT-2 vocabulary
-    (../shared/gpt2-bpe, or tiktoken's cache)."""
-    try:
-        return load_prompt_tokenizer(None)
-    except FileNotFoundError as e:
-        pytest.skip(f"no GPT-2 vocabulary to encode the benchmark prompts: {e}")
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict]]:
