@@ -9,12 +9,15 @@ feeds B (gamma + 1) rows: speculation multiplies the rows of a pass by
 gamma + 1, so it reaches that turn gamma + 1 times sooner, and stops paying
 where t_v(B (gamma + 1) rows) grows faster than the tokens per step it buys.
 
-Acceptance is simulated (`SimulatedBatchDrafter`): per row, the target's own
-greedy token with probability --alpha, the draft model's forward passes paid.
-Timed, in every repeat, each in turn (reversed on odd repeats): whole
-generation runs (plain; speculative for each --gammas), and on a cache of
---context positions per row one pass of B rows (t_step), of B (gamma + 1)
-rows (t_v) and of the draft (t_d), each between two read-bandwidth samples.
+Every B serves the same --prompts prompts, B at a time, so that tokens per
+second compare one workload. Acceptance is simulated (`SimulatedBatchDrafter`):
+per row, the target's own greedy token with probability --alpha (prompt i
+meets the same coins at every B, from seed --seed + repeat), the draft
+model's forward passes paid. Timed, in every repeat, each in turn (reversed
+on odd repeats): whole generation runs (plain; speculative for each
+--gammas), and on a cache of --context positions per row one pass of B rows
+(t_step), of B (gamma + 1) rows (t_v) and of the draft (t_d), the step
+between two samples of the read bandwidth and of the arithmetic rate.
 Ratios are taken within a repeat, then the median over repeats.
 
     python -m benchmarks.batch_speed                       # gpt2 -> gpt2-large shapes
@@ -61,31 +64,49 @@ def make_prompts(B: int, length: int, vocab_size: int, seed: int) -> list[list[i
 # ---------------------------------------------------------------------------
 
 
-def plain_run(target: GPT2, prompts: list[list[int]], n: int) -> tuple[float, list[list[int]]]:
-    """Seconds of `generate` on the batch, and its rows (the simulation's references)."""
-    rows = []
-    seconds = timed(lambda: rows.extend(generate(target, prompts, n)))
+def batches(prompts: list[list[int]], B: int) -> list[tuple[int, list[list[int]]]]:
+    """(index of the first prompt, the prompts) of each batch: every prompt, B at a time."""
+    return [(i, prompts[i : i + B]) for i in range(0, len(prompts), B)]
+
+
+def plain_run(target: GPT2, prompts: list[list[int]], B: int, n: int) -> tuple[float, list[list[int]]]:
+    """Seconds of `generate` over every prompt, B at a time, and the rows
+    (the simulation's references)."""
+    rows, seconds = [], 0.0
+    for _, batch in batches(prompts, B):
+        seconds += timed(lambda: rows.extend(generate(target, batch, n)))
     return seconds, rows
 
 
-def spec_run(target: GPT2, draft: GPT2, prompts: list[list[int]], references: list[list[int]], n: int,
+def spec_run(target: GPT2, draft: GPT2, prompts: list[list[int]], references: list[list[int]], B: int, n: int,
              gamma: int, alpha: float, seed: int) -> tuple[float, dict]:
-    """Seconds of batched speculative decoding with simulated acceptance, and its BatchStats as a dict."""
-    drafter = SimulatedBatchDrafter(draft, references, alpha, seed=seed)
-    result = []
-    seconds = timed(lambda: result.extend(speculative_generate(target, drafter, prompts, gamma=gamma,
-                                                               max_new_tokens=n)))
-    rows, stats = result
-    assert rows == references, "greedy speculative decoding must reproduce plain decoding"
-    return seconds, stats.to_dict()
+    """Seconds of batched speculative decoding over every prompt, B at a time,
+    with simulated acceptance (prompt i meets the coins of row i of `seed`,
+    whatever B), and the batches' counters summed."""
+    seconds, totals = 0.0, {"new_tokens": 0, "accepted": 0, "judged": 0, "target_calls": 0}
+    for first, batch in batches(prompts, B):
+        rows_of = references[first : first + len(batch)]
+        drafter = SimulatedBatchDrafter(draft, rows_of, alpha, seed=seed, first_row=first)
+        result = []
+        seconds += timed(lambda: result.extend(speculative_generate(target, drafter, batch, gamma=gamma,
+                                                                    max_new_tokens=n)))
+        rows, stats = result
+        assert rows == rows_of, "greedy speculative decoding must reproduce plain decoding"
+        totals["new_tokens"] += stats.new_tokens
+        totals["accepted"] += stats.accepted
+        totals["judged"] += sum(sum(row.reached_at) for row in stats.rows)
+        totals["target_calls"] += stats.target_calls
+    totals["alpha"] = totals["accepted"] / max(totals["judged"], 1)  # Leviathan's alpha over every row
+    totals["tokens_per_target_call"] = totals["new_tokens"] / max(totals["target_calls"], 1)
+    return seconds, totals
 
 
 def warm_up(pair, args: argparse.Namespace, prompts: list[list[int]]) -> None:
     """Short uncounted runs at the largest batch (first-touch page faults,
     the kernels' first calls), before any repeat."""
     B = max(args.batch_sizes)
-    _, references = plain_run(pair.target, prompts[:B], 2)
-    spec_run(pair.target, pair.draft, prompts[:B], references, 2, max(args.gammas), args.alpha, args.seed)
+    _, references = plain_run(pair.target, prompts[:B], B, 2)
+    spec_run(pair.target, pair.draft, prompts[:B], references, B, 2, max(args.gammas), args.alpha, args.seed)
     pass_seconds(pair.target, max(args.step_batches), max(args.gammas) + 1, args.context, args.seed)
     pass_seconds(pair.draft, max(args.step_batches), 1, args.context, args.seed)
 
@@ -100,6 +121,22 @@ def pass_seconds(model: GPT2, B: int, T: int, context: int, seed: int) -> float:
         return timed(model, tokens, cache)
 
 
+def arithmetic_rate() -> float:
+    """Multiply-adds x 2 per second of a float32 matrix product on all
+    threads (torch.mm, the best of 5): near what the cores can do."""
+    a, b = torch.ones(256, 1280), torch.ones(1280, 1280)
+    return 2 * 256 * 1280 * 1280 / min(timed(torch.mm, a, b) for _ in range(5))
+
+
+def pass_flops(model: GPT2, rows: int) -> int:
+    """Floating-point operations of a pass over `rows` tokens: 2 per weight of
+    every matrix (the blocks' and the LM head) per row; attention and the
+    rest are small beside them."""
+    c = model.config
+    per_block = (3 + 1 + 4 + 4) * c.n_embd * c.n_embd
+    return 2 * rows * (c.n_layer * per_block + c.vocab_size * c.n_embd)
+
+
 def pass_bytes(model: GPT2, B: int, context: int) -> int:
     """Bytes a pass of B rows must read: every weight once, and each row's cached keys and values."""
     c = model.config
@@ -107,22 +144,25 @@ def pass_bytes(model: GPT2, B: int, context: int) -> int:
 
 
 def one_repeat(pair, args: argparse.Namespace, prompts: list[list[int]], reverse: bool,
-               probe: BandwidthProbe) -> dict:
+               probe: BandwidthProbe, seed: int) -> dict:
     """Every measurement once: "plain B=<B>", "spec B=<B> gamma=<g>" (seconds
-    and stats), "t_step B=<B>", "t_v B=<B>", "t_d B=<B>", "bandwidth B=<B>"."""
+    and stats; simulated coins from `seed`), "t_step B=<B>", "t_v B=<B>",
+    "t_d B=<B>", "bandwidth B=<B>" and "flops B=<B>" (the machine's rates
+    around the step)."""
     got: dict = {}
     batches = list(reversed(args.batch_sizes)) if reverse else args.batch_sizes
     for B in batches:
-        seconds, references = plain_run(pair.target, prompts[:B], args.new_tokens)
+        seconds, references = plain_run(pair.target, prompts, B, args.new_tokens)
         got[f"plain B={B}"] = seconds
         for gamma in (reversed(args.gammas) if reverse else args.gammas):
-            got[f"spec B={B} gamma={gamma}"] = spec_run(pair.target, pair.draft, prompts[:B], references,
-                                                         args.new_tokens, gamma, args.alpha, args.seed + B)
+            got[f"spec B={B} gamma={gamma}"] = spec_run(pair.target, pair.draft, prompts, references, B,
+                                                         args.new_tokens, gamma, args.alpha, seed)
         gc.collect()
     for B in (list(reversed(args.step_batches)) if reverse else args.step_batches):
-        before = probe.sample()
+        before, flops_before = probe.sample(), arithmetic_rate()
         got[f"t_step B={B}"] = pass_seconds(pair.target, B, 1, args.context, args.seed)
         got[f"bandwidth B={B}"] = (before + probe.sample()) / 2
+        got[f"flops B={B}"] = (flops_before + arithmetic_rate()) / 2
         for gamma in args.gammas:
             got[f"t_v B={B} gamma={gamma}"] = pass_seconds(pair.target, B, gamma + 1, args.context, args.seed)
         got[f"t_d B={B}"] = pass_seconds(pair.draft, B, 1, args.context, args.seed)
@@ -143,7 +183,7 @@ def summarise(repeats: list[dict], args: argparse.Namespace, pair) -> dict:
         return median(fn(r) for r in repeats)
 
     def plain_tps(r, B):
-        return B * n / r[f"plain B={B}"]
+        return args.prompts * n / r[f"plain B={B}"]
 
     def spec_tps(r, B, g):
         seconds, stats = r[f"spec B={B} gamma={g}"]
@@ -175,6 +215,7 @@ def summarise(repeats: list[dict], args: argparse.Namespace, pair) -> dict:
             "bytes": nbytes,
             "bound_s": med(lambda r: nbytes / r[f"bandwidth B={B}"]),
             "fraction_of_bound": med(lambda r: nbytes / r[f"bandwidth B={B}"] / r[f"t_step B={B}"]),
+            "arithmetic_bound_s": med(lambda r: pass_flops(pair.target, B) / r[f"flops B={B}"]),
             "verify": {},
         }
         for g in args.gammas:
@@ -184,6 +225,7 @@ def summarise(repeats: list[dict], args: argparse.Namespace, pair) -> dict:
                 "t_v_s": med(lambda r: r[f"t_v B={B} gamma={g}"]),
                 "r": med(lambda r: r[f"t_v B={B} gamma={g}"] / r[f"t_step B={B}"]),  # against a plain step of B rows
                 "fraction_of_bound": med(lambda r: nbytes / r[f"bandwidth B={B}"] / r[f"t_v B={B} gamma={g}"]),
+                "arithmetic_bound_s": med(lambda r: pass_flops(pair.target, B * (g + 1)) / r[f"flops B={B}"]),
                 # Leviathan et al.'s speedup over plain decoding at the same B, from these step costs.
                 "predicted_speedup": med(lambda r: predicted_speedup(
                     alpha, g, r[f"t_d B={B}"], r[f"t_step B={B}"], r[f"t_v B={B} gamma={g}"])),
@@ -203,8 +245,9 @@ def report_lines(summary: dict, args: argparse.Namespace) -> list[str]:
     g_main = MAIN_GAMMA if MAIN_GAMMA in args.gammas else args.gammas[-1]
     tp, steps = summary["throughput"], summary["steps"]
     lines = ["## Tokens per second", "",
-             f"{args.new_tokens} new tokens per row, prompts of {args.prompt_len} +- 12 tokens; speculative: "
-             f"gamma = {g_main}, simulated alpha = {args.alpha}. Each ratio is the median of the per-repeat ratios.",
+             f"The same {args.prompts} prompts ({args.prompt_len} +- 12 tokens) at every B, served B at a time, "
+             f"{args.new_tokens} new tokens each; speculative: gamma = {g_main}, simulated alpha = {args.alpha}. "
+             "Each ratio is the median of the per-repeat ratios.",
              ""]
     rows = []
     for B, e in tp.items():
@@ -225,17 +268,20 @@ def report_lines(summary: dict, args: argparse.Namespace) -> list[str]:
     lines += ["## Step cost against B", "",
               f"One pass on a cache of {args.context} positions per row. t_step: B rows x 1 token; bound: the "
               "bytes it must read (weights once, each row's keys and values) over the read bandwidth sampled "
-              "around it; r = t_v(B (gamma + 1) rows) / t_step(B rows); predicted: E(alpha, gamma) t_step / "
-              "(gamma t_d + t_v), Leviathan et al. 2023 Thm 3.8 with these costs.", ""]
+              "around it; arith.: its multiply-adds (2 per weight per row) over the rate of a float32 matrix "
+              "product sampled around it (torch.mm): a pass takes at least the larger of the two; r = "
+              "t_v(B (gamma + 1) rows) / t_step(B rows); predicted: E(alpha, gamma) t_step / (gamma t_d + t_v), "
+              "Leviathan et al. 2023 Thm 3.8 with these costs.", ""]
     rows = []
     for B, e in steps.items():
         v = e["verify"][g_main]
         rows.append([str(B), f"{1e3 * e['t_step_s']:.1f}", f"{e['step_vs_B1']:.2f}x", f"{1e3 * e['bound_s']:.1f}",
-                     f"{100 * e['fraction_of_bound']:.0f}%", f"{1e3 * e['t_d_s']:.1f}", str(v["rows"]),
-                     f"{1e3 * v['t_v_s']:.1f}", f"{v['r']:.2f}", f"{100 * v['fraction_of_bound']:.0f}%",
+                     f"{1e3 * e['arithmetic_bound_s']:.1f}", f"{100 * e['fraction_of_bound']:.0f}%",
+                     f"{1e3 * e['t_d_s']:.1f}", str(v["rows"]), f"{1e3 * v['t_v_s']:.1f}",
+                     f"{1e3 * v['arithmetic_bound_s']:.1f}", f"{v['r']:.2f}", f"{100 * v['fraction_of_bound']:.0f}%",
                      f"{v['predicted_speedup']:.2f}x", str(e["best_predicted_gamma"])])
-    lines += [markdown_table(["B", "t_step ms", "t_step / t_step(1)", "bound ms", "% of bound", "t_d ms",
-                              f"rows (gamma {g_main})", "t_v ms", "r", "t_v % of bound",
+    lines += [markdown_table(["B", "t_step ms", "t_step / t_step(1)", "bound ms", "arith. ms", "% of bound",
+                              "t_d ms", f"rows (gamma {g_main})", "t_v ms", "t_v arith. ms", "r", "t_v % of bound",
                               f"predicted (gamma {g_main})", "best predicted gamma"], rows), ""]
 
     goal_plain = tp[8]["plain_vs_plain_B1"] if 8 in tp else None
@@ -248,6 +294,12 @@ def report_lines(summary: dict, args: argparse.Namespace) -> list[str]:
     if goal_spec is not None:
         lines.append(f"- speculative B = 2 (gamma {tp[2]['best_gamma']}) / plain B = 2: {goal_spec:.2f}x "
                      f"(goal >= {GOAL_SPEC_B2}x): " + ("met" if goal_spec >= GOAL_SPEC_B2 else "NOT met"))
+    if 8 in steps and 1 in steps:
+        floor = max(steps[8]["bound_s"], steps[8]["arithmetic_bound_s"])
+        lines.append(f"- a step of 8 rows takes at least {1e3 * floor:.1f} ms on this machine (the larger of its "
+                     f"bounds) against {1e3 * steps[1]['t_step_s']:.1f} ms measured for one row: decoding alone, "
+                     f"B = 8 could give at most {8 * steps[1]['t_step_s'] / floor:.2f}x the tokens per second of "
+                     f"B = 1 (measured steps: {8 / steps[8]['step_vs_B1']:.2f}x), before prefill")
     lines.append(f"- speculation stops paying (best gamma <= 1x plain at the same B): measured at B = "
                  f"{stop['measured'] or 'none of ' + str(args.batch_sizes)}; predicted from the step costs at B = "
                  f"{stop['predicted'] or 'none of ' + str(args.step_batches)}")
@@ -270,6 +322,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--alpha", type=float, default=0.8, help="simulated acceptance rate")
     p.add_argument("--new-tokens", type=int, default=24, help="new tokens per row")
     p.add_argument("--prompt-len", type=int, default=32, help="prompt length (rows differ by up to +-12)")
+    p.add_argument("--prompts", type=int, default=None,
+                   help="prompts every B serves, B at a time (default: the largest --batch-sizes)")
     p.add_argument("--context", type=int, default=64, help="cached positions per row for the step costs")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=0, help="uncounted full repeats first (after a short warm-up)")
@@ -287,8 +341,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ValueError(f"--alpha must lie in [0, 1], got {args.alpha}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    if min(args.new_tokens, args.prompt_len, args.context, args.repeats) < 1 or args.warmup < 0:
-        raise ValueError("--new-tokens, --prompt-len, --context and --repeats must be >= 1, --warmup >= 0")
+    args.prompts = max(args.batch_sizes) if args.prompts is None else args.prompts
+    if min(args.new_tokens, args.prompt_len, args.context, args.repeats, args.prompts) < 1 or args.warmup < 0:
+        raise ValueError("--new-tokens, --prompt-len, --context, --repeats and --prompts must be >= 1, "
+                         "--warmup >= 0")
     args.batch_sizes, args.gammas, args.step_batches = (sorted(set(v)) for v in
                                                          (args.batch_sizes, args.gammas, args.step_batches))
     return args
@@ -300,13 +356,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)  # the kernels share torch's OpenMP pool (gpt2/fast/build.py)
     say(f"building {'tiny models' if args.tiny else f'{args.target} and {args.draft} (random weights)'} ...")
     pair = build_pair(args.target, args.draft, weights="tiny" if args.tiny else "random", seed=args.seed)
-    prompts = make_prompts(max(args.batch_sizes), args.prompt_len, pair.target.config.vocab_size, args.seed)
+    prompts = make_prompts(args.prompts, args.prompt_len, pair.target.config.vocab_size, args.seed)
     probe = BandwidthProbe(args.bandwidth_mib)
     warm_up(pair, args, prompts)
     repeats = []
     for i in range(args.warmup + args.repeats):
         say(f"repeat {i + 1 - args.warmup} of {args.repeats}" if i >= args.warmup else "warm-up")
-        got = one_repeat(pair, args, prompts, reverse=bool(i % 2), probe=probe)
+        got = one_repeat(pair, args, prompts, reverse=bool(i % 2), probe=probe, seed=args.seed + i)
         if i >= args.warmup:
             repeats.append(got)
     summary = summarise(repeats, args, pair)

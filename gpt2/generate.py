@@ -9,7 +9,9 @@ as the last token. Nothing follows it.
 
 A batch may hold prompts of different lengths: the KV cache keeps a length per
 row, so each row decodes at its own positions with no padding in attention,
-and a row that has ended leaves the batch (`KVCache.keep_rows`).
+and a row that has ended leaves the batch (`KVCache.keep_rows`). Prompts of
+similar length are prefilled together (`prefill_rows`), so that a short one
+beside a long one computes little padding.
 """
 
 from __future__ import annotations
@@ -285,18 +287,51 @@ def decode_rows(
     return out
 
 
+PADDING_SLACK = 1.25  # rows share a prefill pass while it computes at most this many positions per real one
+
+
 def prefill_rows(model: GPT2, cache: KVCache, prefixes: list[torch.Tensor]) -> None:
-    """Caches row b's `prefixes[b]` ((P_b,) token ids, P_b may be 0) in one
-    forward pass into an empty cache: the rows are padded on the right to the
-    longest, then each is rewound to its own length. Causal attention keeps
-    the padding away from a row's own positions, and the rewind forgets it.
+    """Caches row b's `prefixes[b]` ((P_b,) token ids, P_b may be 0) into an
+    empty cache, computing little padding: rows of similar length share a
+    forward pass (`length_groups`), padded on the right to the group's
+    longest and then each rewound to its own length (causal attention keeps
+    the padding away from a row's own positions, and the rewind forgets it).
+    A group that is not the whole batch goes through a cache of its own,
+    copied into its rows. A batch of equal lengths is one pass.
     """
     P = [prefix.numel() for prefix in prefixes]
     assert cache.batch_size == len(P) and int(cache.lengths.max()) == 0, "prefill_rows needs an empty cache"
-    if max(P) == 0:
-        return
-    ids = torch.zeros(len(P), max(P), dtype=torch.long, device=model.device)  # (B, max P), padded with id 0
-    for b, prefix in enumerate(prefixes):
-        ids[b, : P[b]] = prefix
-    model(ids, cache, last_logits_only=True)
-    cache.rewind(torch.tensor(P))
+    for group in length_groups(P):
+        longest = max(P[b] for b in group)
+        if longest == 0:
+            continue
+        ids = torch.zeros(len(group), longest, dtype=torch.long, device=model.device)  # (G, longest), padded with 0
+        for i, b in enumerate(group):
+            ids[i, : P[b]] = prefixes[b]
+        whole = group == list(range(len(P)))
+        part = cache if whole else model.new_cache(len(group), capacity=longest)
+        model(ids, part, last_logits_only=True)
+        for i, b in enumerate(group):
+            if not whole:
+                cache.k[:, b, :, : P[b]] = part.k[:, i, :, : P[b]]  # (L, nh, P_b, hs)
+                cache.v[:, b, :, : P[b]] = part.v[:, i, :, : P[b]]
+            cache.lengths[b] = P[b]
+
+
+def length_groups(lengths: list[int]) -> list[list[int]]:
+    """The rows (indices into `lengths`) in groups of similar length, shortest
+    first: a group grows while padding every row to its longest computes at
+    most PADDING_SLACK times the group's real positions. A pass costs a read
+    of every weight however few its rows, so rows of near lengths share one;
+    one of very different lengths would mostly compute padding.
+    """
+    groups: list[list[int]] = []
+    for b in sorted(range(len(lengths)), key=lambda b: lengths[b]):
+        group = groups[-1] if groups else None
+        if group is not None and (len(group) + 1) * lengths[b] <= PADDING_SLACK * (
+            sum(lengths[g] for g in group) + lengths[b]
+        ):
+            group.append(b)
+        else:
+            groups.append([b])
+    return [sorted(group) for group in groups]

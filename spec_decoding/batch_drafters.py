@@ -165,17 +165,20 @@ class SimulatedBatchDrafter(BatchDrafter):
     `references[b]` is row b's greedy decoding by the target alone (prompt
     included), which greedy speculative decoding reproduces. Greedy only.
     As in `SimulatedDrafter`, each (row, position) has its own coin, drawn
-    once per seed: every γ sees the same accepted positions.
+    once per seed: every γ sees the same accepted positions. Row b takes the
+    coins of row `first_row` + b of the seed, so that a batch cut from a
+    larger one meets that one's coins.
     """
 
-    def __init__(self, model: GPT2, references: list[list[int]], alpha: float, *, seed: int = 0) -> None:
+    def __init__(self, model: GPT2, references: list[list[int]], alpha: float, *, seed: int = 0,
+                 first_row: int = 0) -> None:
         super().__init__(model)
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"the simulated acceptance rate must lie in [0, 1], got {alpha}")
         self.references = [list(map(int, reference)) for reference in references]
         self.alpha = alpha
         length = max(max(map(len, self.references)), model.config.n_ctx) + 1
-        self.coins = position_coins(seed, len(self.references), length)  # coins[row][position]
+        self.coins = position_coins(seed, first_row + len(self.references), length)[first_row:]  # [row][position]
 
     def pick(
         self, row: int, position: int, logits: torch.Tensor, sampling: SamplingConfig,

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from gpt2 import GPT2Config, fast, generate
+from gpt2.generate import PADDING_SLACK, length_groups
 from gpt2.sampling import SamplingConfig
 from spec_decoding import BatchStats, SimulatedBatchDrafter, SpecStats, speculative_generate
 from helpers import PERTURBATION, perturbed_copy, three_drafts, tiny_gpt2
@@ -58,13 +59,21 @@ def spec_alone(target, draft, prompt: list[int], **kwargs) -> list[int]:
 
 
 class BatchSizes:
-    """Records the batch size of every forward pass of a model (a pre-hook)."""
+    """Records the batch size of every forward pass of a model after the
+    prefill (a pre-hook; prefill passes ask for the last logits only), and
+    the (rows, tokens) shape of every prefill pass."""
 
     def __init__(self, model) -> None:
-        self.model, self.sizes = model, []
+        self.model, self.sizes, self.prefills = model, [], []
 
     def __enter__(self):
-        self.handle = self.model.register_forward_pre_hook(lambda m, args: self.sizes.append(args[0].size(0)))
+        def record(module, args, kwargs):
+            if kwargs.get("last_logits_only"):
+                self.prefills.append(tuple(args[0].shape))
+            else:
+                self.sizes.append(args[0].size(0))
+
+        self.handle = self.model.register_forward_pre_hook(record, with_kwargs=True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -171,6 +180,27 @@ def test_a_padded_tensor_with_lengths_is_the_same_batch_as_a_list(target):
     assert generate(target, padded, 12, lengths=torch.tensor(lengths)) == generate(target, PROMPTS, 12)
 
 
+def test_rows_of_near_lengths_share_a_prefill_pass_and_far_ones_do_not(target):
+    """Equal prompts prefill in one pass; a 1-token and a 30-token prefix in
+    two, so that the short row does not compute 29 padding positions; rows
+    are still each their own greedy decoding. The padding computed stays
+    within PADDING_SLACK of the real positions."""
+    g = torch.Generator().manual_seed(3)
+    equal = [torch.randint(0, CONFIG.vocab_size, (6,), generator=g).tolist() for _ in range(3)]
+    far = [[5, 6], torch.randint(0, CONFIG.vocab_size, (31,), generator=g).tolist()]
+    mixed = [[1] * n for n in (3, 9, 10, 11, 18, 19, 26, 27)]
+    for prompts, passes in ((equal, [(3, 5)]), (far, [(1, 1), (1, 30)]), (mixed, None)):
+        with BatchSizes(target) as calls:
+            rows = generate(target, prompts, 4)
+        assert rows == [alone(target, p, 4) for p in prompts]
+        if passes is not None:
+            assert sorted(calls.prefills) == passes
+        real = sum(len(p) - 1 for p in prompts)
+        assert real <= sum(r * t for r, t in calls.prefills) <= PADDING_SLACK * real
+    assert length_groups([2, 8, 9, 10, 17, 18, 25, 26]) == [[0], [1, 2, 3], [4, 5, 6, 7]]
+    assert length_groups([4, 0, 4]) == [[1], [0, 2]]
+
+
 def test_finished_rows_leave_the_batch_of_generate():
     model = tiny_gpt2(SMALL_VOCAB, seed=5)
     prompts = [[1, 2], [3], [4, 5, 6]]
@@ -183,7 +213,7 @@ def test_finished_rows_leave_the_batch_of_generate():
     assert calls.sizes == sorted(calls.sizes, reverse=True) and calls.sizes[-1] == 1, "the batch shrinks"
     # One forward per step; a row takes part until its last token is chosen.
     steps = max(len(r) - len(p) for r, p in zip(rows, prompts))
-    assert calls.sizes[1:] == [sum(len(r) - len(p) > s for r, p in zip(rows, prompts)) for s in range(steps)]
+    assert calls.sizes == [sum(len(r) - len(p) > s for r, p in zip(rows, prompts)) for s in range(steps)]
 
 
 def eos_with_different_end_times(free: list[list[int]], prompts: list[list[int]]) -> tuple[int, list[int | None]]:
@@ -253,7 +283,7 @@ def test_rows_ending_at_different_times_end_as_they_would_alone(gamma):
             assert eos_id not in row[len(prompt) : -1], "nothing follows end-of-text"
         check_row_stats(row_stats, row, prompt)
     # A finished row leaves the batch: the verification passes shrink with it.
-    assert calls.sizes[1:] == stats.active_rows and stats.active_rows[-1] < len(prompts)
+    assert calls.sizes == stats.active_rows and stats.active_rows[-1] < len(prompts)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -326,6 +356,15 @@ def test_simulated_batch_acceptance_belongs_to_the_row_and_position(target, draf
     right = sum(forward[(row, p)] == references[row][p] for row, p in cells)
     assert 0 < right < len(cells)
 
+    # A batch cut from this one at row 1 (first_row=1) picks what rows 1.. picked here.
+    cut = SimulatedBatchDrafter(drafts["unrelated"], references[1:], 0.5, seed=7, first_row=1)
+    assert {(row, p): int(cut.pick(row - 1, p, logits, greedy, None)[0]) for row, p in cells if row >= 1} == {
+        cell: token for cell, token in forward.items() if cell[0] >= 1
+    }
+    unshifted = SimulatedBatchDrafter(drafts["unrelated"], references[1:], 0.5, seed=7)
+    assert any(int(unshifted.pick(row - 1, p, logits, greedy, None)[0]) != forward[(row, p)]
+               for row, p in cells if row >= 1), "without first_row the cut batch meets other coins"
+
 
 # ---------------------------------------------------------------------------
 # Sampling: seeds reproduce the batch; per-row generators reproduce single runs
@@ -392,7 +431,7 @@ def test_bad_batches_raise_a_value_error_naming_the_row(target, drafts, case):
         speculative_generate(target, drafts["perturbed"], prompts, lengths=lengths, gamma=3, max_new_tokens=5)
     with pytest.raises(ValueError, match=message):
         generate(target, prompts, 5, lengths=lengths)
-    assert calls.sizes == []
+    assert calls.sizes == [] and calls.prefills == []
 
 
 def test_bad_batch_settings_raise_a_value_error(target, drafts):

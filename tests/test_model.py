@@ -73,7 +73,7 @@ def test_cached_decoding_matches_transformers(pair):
     assert max_diff(torch.cat(rows, dim=1), hf(ids).logits) <= ATOL
 
     hf_out = hf(ids[:, :4], use_cache=True)
-    hf_out = hf(ids[:, 4:5], past_key_values=hf_out.past_key_values, use_cache=True)
+    hf_out = hf(ids[:, 4:5], hf_out.past_key_values, use_cache=True)  # the cache by position (5.x renamed it)
     assert max_diff(rows[1], hf_out.logits) <= ATOL
 
 
