@@ -30,6 +30,11 @@ def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path, prompt_to
     assert set(runs) == {"fixed 2", "fixed 3", "auto", "heuristic", "plain"}
     assert all(len(runs[name]["ratios"]) == 2 for name in ("fixed 2", "fixed 3", "auto", "heuristic"))
     assert all(len(runs[name]["modelled"]) == 2 for name in ("fixed 2", "fixed 3", "auto", "heuristic"))
+    # α and the K asked count both repeats, not only the last run's counters.
+    last = runs["fixed 2"]["stats"]
+    assert runs["fixed 2"]["judged"] > sum(last["reached_at"]) and sum(runs["fixed 2"]["gamma_hist"]) > sum(
+        last["gamma_hist"])
+    assert runs["fixed 2"]["alpha"] == runs["fixed 2"]["accepted"] / runs["fixed 2"]["judged"]
     assert "### The same in expectation (20 coin strings, cost model)" in report
     expected = json.loads((out / "drafting.json").read_text(encoding="utf-8"))["expected"]["int8 alpha 0.8"]
     assert set(expected) == {"fixed 2", "fixed 3", "auto", "heuristic"} and all(v > 0 for v in expected.values())
