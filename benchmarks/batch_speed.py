@@ -94,7 +94,7 @@ def spec_run(target: GPT2, draft: GPT2, prompts: list[list[int]], references: li
         assert rows == rows_of, "greedy speculative decoding must reproduce plain decoding"
         totals["new_tokens"] += stats.new_tokens
         totals["accepted"] += stats.accepted
-        totals["judged"] += sum(sum(row.reached_at) for row in stats.rows)
+        totals["judged"] += stats.judged
         totals["target_calls"] += stats.target_calls
     totals["alpha"] = totals["accepted"] / max(totals["judged"], 1)  # Leviathan's alpha over every row
     totals["tokens_per_target_call"] = totals["new_tokens"] / max(totals["target_calls"], 1)
@@ -130,11 +130,10 @@ def arithmetic_rate() -> float:
 
 def pass_flops(model: GPT2, rows: int) -> int:
     """Floating-point operations of a pass over `rows` tokens: 2 per weight of
-    every matrix (the blocks' and the LM head) per row; attention and the
-    rest are small beside them."""
-    c = model.config
-    per_block = (3 + 1 + 4 + 4) * c.n_embd * c.n_embd
-    return 2 * rows * (c.n_layer * per_block + c.vocab_size * c.n_embd)
+    every matrix (the blocks' and the LM head, the tied wte) per row;
+    attention and the rest are small beside them."""
+    matrices = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and name != "wpe.weight")
+    return 2 * rows * matrices
 
 
 def pass_bytes(model: GPT2, B: int, context: int) -> int:
@@ -150,8 +149,7 @@ def one_repeat(pair, args: argparse.Namespace, prompts: list[list[int]], reverse
     "t_d B=<B>", "bandwidth B=<B>" and "flops B=<B>" (the machine's rates
     around the step)."""
     got: dict = {}
-    batches = list(reversed(args.batch_sizes)) if reverse else args.batch_sizes
-    for B in batches:
+    for B in (list(reversed(args.batch_sizes)) if reverse else args.batch_sizes):
         seconds, references = plain_run(pair.target, prompts, B, args.new_tokens)
         got[f"plain B={B}"] = seconds
         for gamma in (reversed(args.gammas) if reverse else args.gammas):

@@ -169,7 +169,7 @@ def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: in
                 results[name]["seconds"].append(seconds)
                 results[name]["stats"] = stats.to_dict()
                 results[name]["accepted"] += stats.accepted
-                results[name]["judged"] += sum(stats.reached_at)
+                results[name]["judged"] += stats.judged
                 hist = results[name]["gamma_hist"]
                 hist += [0] * (len(stats.gamma_hist) - len(hist))
                 for K, n in enumerate(stats.gamma_hist):
@@ -346,7 +346,7 @@ def count_runs(target, make_drafter, prompts, max_gen, gamma_fn, temperature, se
             total["target_calls"] += s.target_calls
             total["new_tokens"] += s.new_tokens
             total["draft_calls"] += s.draft_calls
-            total["judged"] += sum(s.reached_at)
+            total["judged"] += s.judged
     total["wasted"] = total["drafted"] - total["accepted"]
     total["tokens_per_target_call"] = total["new_tokens"] / total["target_calls"]
     total["alpha"] = total["accepted"] / total["judged"] if total["judged"] else 0.0

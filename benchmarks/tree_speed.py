@@ -273,7 +273,7 @@ def noisy_pair(configs: dict[str, dict], costs: dict, args: argparse.Namespace) 
                     generator=torch.Generator().manual_seed(i), **how,
                 )
                 new, calls = new + stats.new_tokens, calls + stats.target_calls
-                accepted, judged = accepted + stats.accepted, judged + sum(stats.reached_at)
+                accepted, judged = accepted + stats.accepted, judged + stats.judged
             tokens_per_call = new / calls
             result[(temperature, name)] = {
                 "tokens_per_call": tokens_per_call, "alpha": accepted / judged if judged else 0.0,

@@ -133,7 +133,7 @@ def print_stats(
     for, α, tokens per target call, plain steps, forward calls, speed.
     `length`: prompt + new tokens; `draft_n_ctx`: None without a draft
     model; `schedule`: `GammaSchedule.describe()`, None for a tree."""
-    judged = sum(stats.reached_at)
+    judged = stats.judged
     gamma = stats.gamma
     rows = [
         ("new tokens", f"{stats.new_tokens} in {count(stats.target_calls, 'target call')}, {stop}"),
@@ -192,7 +192,7 @@ def tree_rows(stats: SpecStats) -> list[tuple[str, str]]:
     rows = [
         ("tree", f"{stats.tree}: {stats.drafted / stats.target_calls:.1f} drafted tokens per step"),
         ("acceptance α", f"{stats.alpha:.3f} (depths accepted / depths the target judged: {stats.accepted} of "
-                         f"{sum(stats.reached_at)})"),
+                         f"{stats.judged})"),
     ]
     for depth, (reached, accepted) in enumerate(zip(stats.reached_at, stats.accepted_at), start=1):
         if not reached:
@@ -298,7 +298,7 @@ def print_batch_summary(batches: list[BatchStats], batch_size: int, seconds: flo
     rows = [row for batch in batches for row in batch.rows]
     new_tokens = sum(row.new_tokens for row in rows)
     target_calls = sum(batch.target_calls for batch in batches)
-    accepted, judged = sum(row.accepted for row in rows), sum(sum(row.reached_at) for row in rows)
+    accepted, judged = sum(row.accepted for row in rows), sum(row.judged for row in rows)
     active = [n for batch in batches for n in batch.active_rows]
     print_rows([
         ("prompts", f"{len(rows)} in {len(batches)} {'batch' if len(batches) == 1 else 'batches'} of up to {batch_size}"

@@ -1,7 +1,8 @@
 """Plain autoregressive generation with the KV cache: the baseline that
 speculative decoding must reproduce (greedy) or match in distribution (sampling).
 
-Legend: B = batch, T = prompt length, n = new tokens, V = vocab size.
+Legend: B = batch, T = prompt length, n = new tokens, V = vocab size, G = rows of
+a prefill group (`prefill_rows`), L = layers, nh = heads, hs = head size.
 
 The end-of-text rule, kept everywhere in this project: generation stops right
 after the first `eos_id` it produces, and that EOS token is kept in the output
@@ -311,11 +312,11 @@ def prefill_rows(model: GPT2, cache: KVCache, prefixes: list[torch.Tensor]) -> N
         whole = group == list(range(len(P)))
         part = cache if whole else model.new_cache(len(group), capacity=longest)
         model(ids, part, last_logits_only=True)
-        for i, b in enumerate(group):
-            if not whole:
-                cache.k[:, b, :, : P[b]] = part.k[:, i, :, : P[b]]  # (L, nh, P_b, hs)
-                cache.v[:, b, :, : P[b]] = part.v[:, i, :, : P[b]]
-            cache.lengths[b] = P[b]
+        if not whole:  # the group's rows, padding included (a row never reads past its length)
+            rows = torch.tensor(group, device=cache.k.device)  # (G,)
+            cache.k[:, rows, :, :longest] = part.k  # (L, G, nh, longest, hs)
+            cache.v[:, rows, :, :longest] = part.v
+        cache.lengths[group] = torch.tensor([P[b] for b in group])  # (G,): each row back to its own length
 
 
 def length_groups(lengths: list[int]) -> list[list[int]]:

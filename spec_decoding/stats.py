@@ -159,12 +159,16 @@ class SpecStats:
             counts[rank] += 1
 
     @property
+    def judged(self) -> int:
+        """Drafts that verification reached: the accepted ones and each step's first rejected one."""
+        return sum(self.reached_at)
+
+    @property
     def alpha(self) -> float:
         """α = accepted / judged (0 if nothing was judged): Leviathan et al.'s
         acceptance rate, the probability that a drafted token is accepted once
         verification reaches it. Drafts after a rejection are never judged."""
-        judged = sum(self.reached_at)
-        return self.accepted / judged if judged else 0.0
+        return self.accepted / self.judged if self.judged else 0.0
 
     @property
     def accepted_per_drafted(self) -> float:
@@ -260,10 +264,14 @@ class BatchStats:
         return sum(row.drafted for row in self.rows)
 
     @property
+    def judged(self) -> int:
+        """Drafts that verification reached, summed over the rows."""
+        return sum(row.judged for row in self.rows)
+
+    @property
     def alpha(self) -> float:
         """α over the batch: accepted / judged, summed over the rows."""
-        judged = sum(sum(row.reached_at) for row in self.rows)
-        return self.accepted / judged if judged else 0.0
+        return self.accepted / self.judged if self.judged else 0.0
 
     @property
     def tokens_per_target_call(self) -> float:
