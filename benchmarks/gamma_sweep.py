@@ -1,26 +1,26 @@
 """The gamma x max_gen sweep: the measured speedup of speculative decoding
-beside the one theory predicts from measured step costs (sweep_report.py).
-With --tree, token tree shapes are swept beside the gammas (tree_loop.py).
-
-Each cell (max_gen, gamma, simulated acceptance) is timed against the
-baseline `gpt2.generate` on the same prompts, back to back in every repeat
-(in reversed order on odd repeats, so drift cancels); speedup is the median
-over repeats of baseline / speculative time. The step costs the prediction
-needs are timed in rounds between the runs (`ComponentTimer`). End-of-text
-is ignored: every run emits max_gen tokens.
+beside the one theory predicts from measured step costs (sweep_report.py),
+with token trees (tree_loop.py) beside the gammas on --tree. Each cell is timed
+against the baseline `gpt2.generate` on the same prompts, back to back in
+every repeat (reversed on odd repeats, so drift cancels); speedup is the
+median over repeats of baseline / speculative time. The step costs are timed
+in rounds between the runs (`ComponentTimer`). End-of-text is ignored: every
+run emits max_gen tokens.
 
     python -m benchmarks.gamma_sweep                       # gpt2 -> gpt2-large, full sweep
     python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.7 0.9 --quick
     python -m benchmarks.gamma_sweep --random-weights --draft-equals-target --peer transformers --quick
     python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.8 --tree 2 3,1 "nodes 8 depth 4"
 
-Outputs (--out, default benchmarks/results/gamma_sweep-<UTC time>/): sweep.md, sweep.csv,
-sweep.json (columns: sweep_report.COLUMNS), speedup_vs_gamma.png, acceptance_per_position.png.
+Outputs (--out, default benchmarks/results/gamma_sweep-<UTC time>/): sweep.md, sweep.csv, sweep.json
+(columns: sweep_report.COLUMNS), speedup_vs_gamma.png, acceptance_per_position.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import operator
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -32,8 +32,8 @@ from tqdm import tqdm
 from benchmarks import sweep_report
 from benchmarks.common import ModelPair, build_pair, encode_prompts, environment, load_prompt_tokenizer
 from benchmarks.common import results_dir, run_cli
-from benchmarks.tree_speed import parse_shape
 from benchmarks.prompts import PROMPTS
+from benchmarks.tree_speed import parse_shape
 from gpt2 import SamplingConfig, fast, generate
 from spec_decoding import SimulatedDrafter, SimulatedTreeDrafter, SpecStats, TokenTree, TreeShape
 from spec_decoding import speculative_generate
@@ -42,23 +42,14 @@ from spec_decoding.stats import clock
 
 @dataclass(frozen=True)
 class SweepSettings:
-    """What to sweep and how to time it.
-
-    Attributes:
-        gammas, max_gens: the grid.
-        simulate: acceptance rates for `SimulatedDrafter` (greedy only);
-            empty: the real draft proposes.
-        sampling: the one sampling filter; greedy by default.
-        seed: seeds sampling and the simulation (the same every repeat).
-        repeats, warmup: timed repeats after warm-up rounds.
-        component_calls: timed calls per repeat of each of t_d, t_t, t_v.
-        peer: "transformers" to run its assisted generation beside ours.
-        trees: token tree shapes swept beside the gammas ("3,2,1" or
-            "nodes 16 depth 5"); a tree cell's gamma is its depth.
-        tree_profile: for simulated trees, the probability that the
-            target's token is the draft's 2nd, 3rd, ... candidate at a depth
-            (the 1st: the simulated acceptance rate).
-    """
+    """What to sweep and how to time it: the grid (gammas x max_gens, and
+    token `trees`, "3,2,1" or "nodes 16 depth 5", whose gamma is their
+    depth); `simulate`: acceptance rates for `SimulatedDrafter` (greedy only;
+    empty: the real draft proposes); `tree_profile`: for simulated trees, the
+    probability that the target's token is the draft's 2nd, 3rd, ...
+    candidate; `seed` seeds sampling and the simulation, the same every
+    repeat; `component_calls`: timed calls per repeat of each step cost;
+    `peer`: "transformers" to run its assisted generation beside ours."""
 
     gammas: tuple[int, ...] = (1, 2, 4, 8)
     max_gens: tuple[int, ...] = (50, 100, 200, 500)
@@ -110,8 +101,8 @@ class SweepSettings:
 
 @dataclass
 class Cell:
-    """The measurements of one (max_gen, gamma, simulated alpha) cell; seconds
-    per repeat are summed over the prompts."""
+    """The measurements of one (max_gen, gamma or tree, simulated alpha) cell;
+    seconds per repeat are summed over the prompts."""
 
     max_gen: int
     gamma: int
@@ -123,30 +114,24 @@ class Cell:
     draft_seconds: float = 0.0  # SpecStats' time split, summed over all repeats
     verify_seconds: float = 0.0
     identical: int = 0  # greedy runs whose output equals the baseline's
-    compared: int = 0
     hf_spec_seconds: list[float] = field(default_factory=list)
     hf_identical: int = 0
 
 
 @dataclass
-class Baseline:
-    """Plain decoding at one max_gen: ours and (with --peer) transformers'."""
-
-    seconds: list[float] = field(default_factory=list)
-    tokens: int = 0
-    hf_seconds: list[float] = field(default_factory=list)
-
-
-@dataclass
-class Components:
-    """Seconds of the costs the prediction is built from, at one max_gen:
-    t_draft, t_target, t_verify[gamma] (= t_v(gamma + 1)) and t_verify[tree]
-    (a pass over the tree's nodes with its mask) with `context_len` positions
-    cached; t_start_*: a new KV cache and the prefill of a
-    `prompt_len`-token prompt."""
+class Group:
+    """What every cell of one max_gen is measured against: the baseline's
+    seconds per repeat (ours and, with --peer, transformers' plain generate)
+    and the step costs of the prediction, in seconds: t_draft, t_target,
+    t_verify[gamma] (= t_v(gamma + 1)) and t_verify[tree] (a pass over the
+    tree's nodes with its mask) with `context_len` positions cached;
+    t_start_*: a new KV cache and the prefill of a `prompt_len`-token prompt."""
 
     prompt_len: int
     context_len: int
+    base_seconds: list[float] = field(default_factory=list)
+    base_tokens: int = 0  # new tokens of one repeat
+    hf_base_seconds: list[float] = field(default_factory=list)
     t_draft: list[float] = field(default_factory=list)
     t_target: list[float] = field(default_factory=list)
     t_verify: dict[int | str, list[float]] = field(default_factory=dict)
@@ -159,28 +144,41 @@ class SweepResult:
     settings: SweepSettings
     prompts: list[tuple[str, int]]  # (name, prompt tokens)
     cells: list[Cell]
-    baselines: dict[int, Baseline]
-    components: dict[int, Components]
+    groups: dict[int, Group]  # by max_gen
+
+
+def largest_tree(shape: TreeShape) -> TokenTree:
+    """The largest tree `shape` can grow (a dynamic one: levels of `width`
+    nodes hanging from the first node of the level above), with dummy
+    tokens: what a verification pass over it costs is what matters."""
+    if shape.is_static:
+        sizes = list(itertools.accumulate(shape.branching, operator.mul))  # nodes at depth 1, 2, ...
+    else:
+        sizes = [n for n in (min(shape.width, shape.nodes - shape.width * d) for d in range(shape.depth)) if n > 0]
+    parents, first, above = [-1], 0, 1  # the level above: its first node's index and its size
+    for size in sizes:
+        branch = size // above if shape.is_static else size  # children per node above (dynamic: all on the first)
+        parents += [first + i // branch for i in range(size)]
+        first, above = first + above, size
+    return TokenTree((0,) * len(parents), tuple(parents))
 
 
 class ComponentTimer:
     """Times one round of the costs at one max_gen: a draft step, a target
-    step and a target pass over gamma + 1 tokens, each on a KV cache of
-    `comp.context_len` positions (rewound after the call), and each model's
-    start-up. The sweep spreads its rounds between the decoding runs: on a
-    shared machine whose speed drifts, costs timed in one block before the
-    runs describe another machine than the one the runs saw."""
+    step and a target pass over gamma + 1 tokens (or a tree's nodes), each on
+    a KV cache of `group.context_len` positions (rewound after the call), and
+    each model's start-up. The sweep spreads its rounds between the decoding
+    runs: on a shared machine whose speed drifts, costs timed in one block
+    before the runs describe another machine than the one the runs saw."""
 
     @torch.inference_mode()
-    def __init__(self, pair: ModelPair, comp: Components, gammas: tuple[int, ...], seed: int,
-                 trees: dict[str, TreeShape] | None = None) -> None:
+    def __init__(self, pair: ModelPair, group: Group, settings: SweepSettings, seed: int) -> None:
         self.device = pair.device
-        masks = {text: largest_tree(shape).ancestor_mask() for text, shape in (trees or {}).items()}  # (N, N) each
-        length = max(comp.context_len + max([g + 1 for g in gammas] + [m.size(0) for m in masks.values()]),
-                     comp.prompt_len)
+        masks = {text: largest_tree(shape).ancestor_mask() for text, shape in settings.shapes.items()}  # (N, N) each
+        P = group.context_len
+        length = max(P + max([g + 1 for g in settings.gammas] + [m.size(0) for m in masks.values()]), group.prompt_len)
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(pair.target.config.vocab_size, (1, length), generator=g).to(self.device)  # (1, length)
-        P = comp.context_len
         caches = {model: model.new_cache(1) for model in (pair.target, pair.draft)}
         for model, cache in caches.items():
             model(ids[:, :P], cache, last_logits_only=True)
@@ -192,13 +190,14 @@ class ComponentTimer:
             return call
 
         def start(model):
-            return lambda: model(ids[:, : comp.prompt_len], model.new_cache(1), last_logits_only=True)
+            return lambda: model(ids[:, : group.prompt_len], model.new_cache(1), last_logits_only=True)
 
-        self.timed = [(comp.t_target, step(pair.target, 1)), (comp.t_draft, step(pair.draft, 1)),
-                      *((comp.t_verify.setdefault(gamma, []), step(pair.target, gamma + 1)) for gamma in gammas),
-                      *((comp.t_verify.setdefault(text, []), step(pair.target, mask.size(0), mask))
+        self.timed = [(group.t_target, step(pair.target, 1)), (group.t_draft, step(pair.draft, 1)),
+                      *((group.t_verify.setdefault(gamma, []), step(pair.target, gamma + 1))
+                        for gamma in settings.gammas),
+                      *((group.t_verify.setdefault(text, []), step(pair.target, mask.size(0), mask))
                         for text, mask in masks.items()),
-                      (comp.t_start_target, start(pair.target)), (comp.t_start_draft, start(pair.draft))]
+                      (group.t_start_target, start(pair.target)), (group.t_start_draft, start(pair.draft))]
         for _, call in self.timed:  # warm-up
             call()
 
@@ -208,6 +207,14 @@ class ComponentTimer:
             t0 = clock(self.device)
             call()
             samples.append(clock(self.device) - t0)
+
+
+def jobs_of(settings: SweepSettings, cells: list[Cell], group: Group) -> list[tuple[str, Cell | None, list[float]]]:
+    """The runs for one prompt at one max_gen: (kind, its cell or None, the list its seconds per repeat go to)."""
+    jobs = [("baseline", None, group.base_seconds)] + [("speculative", c, c.spec_seconds) for c in cells]
+    if settings.peer:  # no simulation with a peer: one cell per gamma
+        jobs += [("hf baseline", None, group.hf_base_seconds)] + [("hf assisted", c, c.hf_spec_seconds) for c in cells]
+    return jobs
 
 
 class Runner:
@@ -222,53 +229,40 @@ class Runner:
             self.hf_target = to_transformers(pair.target)
             self.hf_draft = self.hf_target if pair.draft_is_target else to_transformers(pair.draft)
 
-    def timed(self, fn, *args, **kwargs):
-        """(fn's result, seconds)."""
+    def run(self, kind: str, cell: Cell | None, ids: torch.Tensor, n: int, p: int,
+            reference: torch.Tensor | None) -> tuple[torch.Tensor, SpecStats | None, float]:
+        """One run of `kind` (see `jobs_of`) on prompt number `p`, (1, T) `ids`:
+        (output ids, SpecStats of a speculative run or None, seconds). With
+        the cell's alpha_sim the drafter copies `reference` (the baseline's
+        greedy output) with that probability (a tree: as its first candidate,
+        its 2nd, 3rd, ... with --tree-profile's), built inside the timed
+        region as the loop builds a ModelDrafter."""
+        s, q, stats = self.settings, self.settings.sampling, None
+        shape = s.shapes.get(cell.tree) if cell else None  # None: a chain of gamma tokens
+        seed = s.seed + 1000 * p  # the same for a prompt in every run: repeats do identical work
+        generator = torch.Generator(device=self.pair.device).manual_seed(seed)
+        if kind.startswith("hf"):
+            from benchmarks.hf_peer import hf_generate
+
+            torch.manual_seed(seed)  # transformers samples from the global generator
         t0 = clock(self.pair.device)
-        out = fn(*args, **kwargs)
-        return out, clock(self.pair.device) - t0
-
-    def generator(self, prompt_index: int) -> torch.Generator:
-        """The same seed for a prompt in every run: repeats do identical work."""
-        return torch.Generator(device=self.pair.device).manual_seed(self.settings.seed + 1000 * prompt_index)
-
-    def baseline(self, ids: torch.Tensor, n: int, p: int) -> tuple[torch.Tensor, float]:
-        s = self.settings.sampling
-        return self.timed(generate, self.pair.target, ids, n, temperature=s.temperature, top_k=s.top_k,
-                          top_p=s.top_p, generator=self.generator(p))
-
-    def speculative(self, ids: torch.Tensor, n: int, p: int, gamma: int, alpha_sim: float | None,
-                    reference: torch.Tensor | None, tree: str | None = None
-                    ) -> tuple[tuple[torch.Tensor, SpecStats], float]:
-        """One run, of a chain of `gamma` or of the token tree `tree`; with
-        `alpha_sim` the drafter copies `reference` (the baseline's greedy
-        output) with that probability (a tree: as its first candidate, its
-        2nd, 3rd, ... with --tree-profile's), built inside the timed region
-        as the loop builds a ModelDrafter."""
-        s = self.settings.sampling
-        shape = None if tree is None else self.settings.shapes[tree]
-
-        def run():
+        if kind == "baseline":
+            out = generate(self.pair.target, ids, n, temperature=q.temperature, top_k=q.top_k, top_p=q.top_p,
+                           generator=generator)
+        elif kind == "speculative":
             draft = self.pair.draft
-            if alpha_sim is not None and shape is None:
-                draft = SimulatedDrafter(draft, reference, alpha_sim, seed=self.settings.seed + p)
-            elif alpha_sim is not None:
-                profile = (alpha_sim, *self.settings.tree_profile)
-                draft = SimulatedTreeDrafter(draft, reference, profile, seed=self.settings.seed + p)
-            how = {"gamma": gamma} if shape is None else {"tree": shape}
-            return speculative_generate(self.pair.target, draft, ids, max_new_tokens=n, temperature=s.temperature,
-                                        top_k=s.top_k, top_p=s.top_p, generator=self.generator(p), **how)
-
-        return self.timed(run)
-
-    def hf(self, ids: torch.Tensor, n: int, p: int, gamma: int | None) -> tuple[torch.Tensor, float]:
-        """transformers' plain generate (gamma None) or assisted generation."""
-        from benchmarks.hf_peer import hf_generate
-
-        torch.manual_seed(self.settings.seed + 1000 * p)  # transformers samples from the global generator
-        assistant = None if gamma is None else self.hf_draft
-        return self.timed(hf_generate, self.hf_target, ids, n, self.settings.sampling, assistant=assistant,
-                          gamma=gamma)
+            if cell.alpha_sim is not None and shape is None:
+                draft = SimulatedDrafter(draft, reference, cell.alpha_sim, seed=s.seed + p)
+            elif cell.alpha_sim is not None:
+                draft = SimulatedTreeDrafter(draft, reference, (cell.alpha_sim, *s.tree_profile), seed=s.seed + p)
+            out, stats = speculative_generate(self.pair.target, draft, ids, gamma=None if shape else cell.gamma,
+                                              tree=shape, max_new_tokens=n, temperature=q.temperature,
+                                              top_k=q.top_k, top_p=q.top_p, generator=generator)
+        else:  # transformers: plain generate, or assisted generation drafting gamma tokens a step
+            assisted = kind == "hf assisted"
+            out = hf_generate(self.hf_target, ids, n, q, assistant=self.hf_draft if assisted else None,
+                              gamma=cell.gamma if assisted else None)
+        return out, stats, clock(self.pair.device) - t0
 
 
 def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings, *,
@@ -281,126 +275,80 @@ def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings
         raise ValueError(f"a prompt of {longest} tokens plus max_gen {max(settings.max_gens)} exceeds the context "
                          f"window of {n_ctx}: use a smaller --max-gen")
     runner = Runner(pair, settings)
-    cells = [cell for n in settings.max_gens for a in settings.alpha_settings
-             for cell in [*(Cell(n, g, a) for g in settings.gammas),
-                          *(Cell(n, shape.max_depth, a, text) for text, shape in settings.shapes.items())]]
-    baselines = {n: Baseline() for n in settings.max_gens}
+    cells = {n: [cell for a in settings.alpha_settings
+                 for cell in [*(Cell(n, g, a) for g in settings.gammas),
+                              *(Cell(n, shape.max_depth, a, text) for text, shape in settings.shapes.items())]]
+             for n in settings.max_gens}
     prompt_len = int(median([ids.size(1) for _, ids in prompts]))
     verify_tokens = [g + 1 for g in settings.gammas] + [s.max_nodes + 1 for s in settings.shapes.values()]
     room = pair.target.config.n_ctx - max(verify_tokens)
-    components = {n: Components(prompt_len, min(prompt_len + n // 2, room)) for n in settings.max_gens}
-    per_prompt = len(jobs_of(settings, cells[: len(cells) // len(settings.max_gens)]))
-    bar = tqdm(total=settings.repeats * len(settings.max_gens) * len(prompts) * per_prompt, desc="gamma sweep",
+    groups = {n: Group(prompt_len, min(prompt_len + n // 2, room)) for n in settings.max_gens}
+    first = settings.max_gens[0]
+    jobs = jobs_of(settings, cells[first], groups[first])  # the same runs at every max_gen
+    bar = tqdm(total=settings.repeats * len(settings.max_gens) * len(prompts) * len(jobs), desc="gamma sweep",
                unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True)
 
     _, ids0 = prompts[0]  # warm-up: every code path once on the first prompt, not counted
-    n0 = min(min(settings.max_gens), 32)
     for _ in range(settings.warmup):
         bar.set_postfix_str("warm-up")
-        reference, _ = runner.baseline(ids0, n0, 0)
-        for gamma in settings.gammas:
-            for alpha in settings.alpha_settings:
-                runner.speculative(ids0, n0, 0, gamma, alpha, reference)
-            if settings.peer:
-                runner.hf(ids0, n0, 0, gamma)
-        for text, shape in settings.shapes.items():
-            for alpha in settings.alpha_settings:
-                runner.speculative(ids0, n0, 0, shape.max_depth, alpha, reference, text)
-        if settings.peer:
-            runner.hf(ids0, n0, 0, None)
+        reference = None
+        for kind, cell, _ in jobs:  # the baseline first: it gives the simulated drafters their reference
+            out, _, _ = runner.run(kind, cell, ids0, min(min(settings.max_gens), 32), 0, reference)
+            reference = out if kind == "baseline" else reference
 
     references: dict[tuple[int, int], torch.Tensor] = {}  # (prompt, max_gen) -> baseline output
     for r in range(settings.repeats):
         for n in settings.max_gens:
             bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: preparing the step-cost timer")
-            timer = ComponentTimer(pair, components[n], settings.gammas, settings.seed + r,
-                                   settings.shapes)  # caches for one group
-            group = [c for c in cells if c.max_gen == n]
-            run_group(runner, r, n, prompts, group, baselines[n], references, bar, timer)
+            timer = ComponentTimer(pair, groups[n], settings, settings.seed + r)  # caches for one group
+            run_group(runner, r, n, prompts, cells[n], groups[n], references, bar, timer)
     bar.close()
-    return SweepResult(settings, [(name, ids.size(1)) for name, ids in prompts], cells, baselines, components)
+    all_cells = [c for n in settings.max_gens for c in cells[n]]
+    return SweepResult(settings, [(name, ids.size(1)) for name, ids in prompts], all_cells, groups)
 
 
-def largest_tree(shape: TreeShape) -> TokenTree:
-    """The largest tree `shape` can grow (a dynamic one: levels of `width`
-    nodes hanging from the first node of the level above), with dummy
-    tokens: what a verification pass over it costs is what matters."""
-    if shape.is_static:
-        levels = [1]
-        for b in shape.branching:
-            levels.append(levels[-1] * b)
-    else:
-        levels = [1] + [min(shape.width, shape.nodes - shape.width * d) for d in range(shape.depth)]
-        levels = [n for n in levels if n > 0]
-    parents, first = [-1], 0  # `first`: the index of the level above's first node
-    for d, size in enumerate(levels[1:], start=1):
-        above = levels[d - 1]
-        branch = size // above if shape.is_static else size
-        parents += [first + (i // branch if shape.is_static else 0) for i in range(size)]
-        first += above
-    return TokenTree(tuple(0 for _ in parents), tuple(parents))
-
-
-def jobs_of(settings: SweepSettings, group: list[Cell]) -> list[tuple[str, int | None]]:
-    """The runs for one prompt at one max_gen: (kind, index of the cell in `group` or None)."""
-    jobs = [("baseline", None)] + [("speculative", i) for i in range(len(group))]
-    if settings.peer:  # no simulation with a peer: one cell per gamma
-        jobs += [("hf baseline", None)] + [("hf assisted", i) for i in range(len(group))]
-    return jobs
-
-
-def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Tensor]], group: list[Cell],
-              base: Baseline, references: dict[tuple[int, int], torch.Tensor], bar: tqdm,
+def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Tensor]], cells: list[Cell],
+              group: Group, references: dict[tuple[int, int], torch.Tensor], bar: tqdm,
               timer: ComponentTimer) -> None:
-    """Repeat `r` at max_gen `n`: for each prompt, the baseline and every cell
-    of `group` back to back (the baseline first on even repeats, where it also
+    """Repeat `r` at max_gen `n`: for each prompt, the baseline and every one
+    of `cells` back to back (the baseline first on even repeats, where it also
     gives the simulated drafter its reference, last on odd ones), with the
     `timer`'s rounds spread evenly between the runs."""
     settings = runner.settings
     greedy = settings.sampling.greedy
-    jobs = jobs_of(settings, group)
-    seconds = dict.fromkeys(jobs, 0.0)
-    num_runs = len(prompts) * len(jobs)
-    rounds_before = [0] * num_runs  # timer rounds to run before run k
+    jobs = jobs_of(settings, cells, group)
+    seconds = [0.0] * len(jobs)  # this repeat's, summed over the prompts
+    rounds_before = [0] * (len(prompts) * len(jobs))  # timer rounds to run before each run
     for j in range(settings.component_calls):
-        rounds_before[j * num_runs // settings.component_calls] += 1
-    k = 0
+        rounds_before[j * len(rounds_before) // settings.component_calls] += 1
+    due = iter(rounds_before)
     for p, (name, ids) in enumerate(prompts):
-        for kind, i in reversed(jobs) if r % 2 else jobs:
-            for _ in range(rounds_before[k]):
+        order = list(enumerate(jobs))
+        for j, (kind, c, _) in reversed(order) if r % 2 else order:
+            for _ in range(next(due)):
                 bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: step costs")
                 timer.round()
-            k += 1
-            label = "" if i is None else f" tree {group[i].tree}" if group[i].tree else f" γ={group[i].gamma}"
+            label = "" if c is None else f" tree {c.tree}" if c.tree else f" γ={c.gamma}"
             bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}, {name}: {kind}{label}")
+            out, stats, t = runner.run(kind, c, ids, n, p, references.get((p, n)))
+            seconds[j] += t
             if kind == "baseline":
-                out, t = runner.baseline(ids, n, p)
                 assert not greedy or torch.equal(out, references.get((p, n), out)), "greedy must be deterministic"
                 references.setdefault((p, n), out)
                 if r == 0:
-                    base.tokens += out.size(1) - ids.size(1)
+                    group.base_tokens += out.size(1) - ids.size(1)
             elif kind == "speculative":
-                c = group[i]
-                (out, stats), t = runner.speculative(ids, n, p, c.gamma, c.alpha_sim, references.get((p, n)), c.tree)
                 c.draft_seconds += stats.draft_seconds
                 c.verify_seconds += stats.verify_seconds
                 if r == 0:
                     c.stats.append(stats)
                     c.tokens += out.size(1) - ids.size(1)
-                c.compared += greedy
                 c.identical += int(greedy and torch.equal(out, references[(p, n)]))
-            else:  # transformers: plain generate, or assisted generation
-                out, t = runner.hf(ids, n, p, None if kind == "hf baseline" else group[i].gamma)
-                if kind == "hf assisted" and greedy:
-                    group[i].hf_identical += int(torch.equal(out.to(ids.device), references[(p, n)]))
-            seconds[(kind, i)] += t
+            elif kind == "hf assisted" and greedy:
+                c.hf_identical += int(torch.equal(out.to(ids.device), references[(p, n)]))
             bar.update(1)
-
-    base.seconds.append(seconds[("baseline", None)])
-    base.hf_seconds += [seconds[("hf baseline", None)]] if settings.peer else []
-    for i, c in enumerate(group):
-        c.spec_seconds.append(seconds[("speculative", i)])
-        c.hf_spec_seconds += [seconds[("hf assisted", i)]] if settings.peer else []
+    for (_, _, samples), t in zip(jobs, seconds):
+        samples.append(t)
 
 
 # ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from benchmarks.common import build_pair, encode_prompts, environment, environme
 from benchmarks.common import markdown_table, results_dir, run_cli, write_json
 from benchmarks.prompts import EARLY_EOS_PROMPTS, PROMPTS
 from gpt2 import END_OF_TEXT_ID, GPT2, GPT2Config, KVCache, fast, generate, resolve_device, resolve_dtype
-from gpt2.generate import first_difference
+from gpt2.generate import check_integer, first_difference
 from spec_decoding import ModelDrafter, speculative_generate
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -89,10 +89,8 @@ class ParitySettings:
     tie_tolerance: float = DEFAULT_TIE_TOLERANCE
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gamma, int) or self.gamma < 1:
-            raise ValueError(f"--gamma must be an integer >= 1, got {self.gamma!r}")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"--max-gen must be an integer >= 1, got {self.max_new_tokens!r}")
+        check_integer(self.gamma, "--gamma", 1)
+        check_integer(self.max_new_tokens, "--max-gen", 1)
         if not self.tie_tolerance > 0:
             raise ValueError(f"--tie-tolerance must be > 0 (relative to the logit scale), got {self.tie_tolerance!r}")
 
@@ -215,6 +213,11 @@ class DtypeReport:
              "after_eos": p.after_eos, "eos_ok": p.eos_ok} for p in self.prompts]}
 
 
+def row_difference(row_b: torch.Tensor, row_s: torch.Tensor) -> tuple[float, float]:
+    """(delta, scale) of two logits rows (V,) for one position: max |row_b - row_s| and max |logit| of both."""
+    return float((row_b - row_s).abs().max()), float(torch.maximum(row_b.abs().max(), row_s.abs().max()))
+
+
 def explain_divergence(position: int, baseline: Evidence, speculative: Evidence, row_b: torch.Tensor | None,
                        row_s: torch.Tensor | None, relative_tolerance: float) -> Divergence:
     """The verdict at the first differing new token, from both runs' evidence
@@ -225,16 +228,14 @@ def explain_divergence(position: int, baseline: Evidence, speculative: Evidence,
     ~1e-6 x scale, half precision's a few eps x scale). "BUG": anything else."""
     delta = scale = tolerance = None
     if row_b is not None and row_s is not None:
-        delta = float((row_b - row_s).abs().max())
-        scale = float(torch.maximum(row_b.abs().max(), row_s.abs().max()))
+        delta, scale = row_difference(row_b, row_s)
         tolerance = relative_tolerance * scale
-    runs = (("baseline", baseline), ("speculative", speculative))
     if baseline.token is None or speculative.token is None:
         verdict, reason = "BUG", "one path stopped early without end-of-text while the other went on"
     elif tolerance is None:
         verdict, reason = "BUG", "no target logits were recorded for this position in one run"
-    elif any(e.deficit > 0 for _, e in runs):  # a path did not take its own argmax (an exact tie is no deficit)
-        which, e = next((which, e) for which, e in runs if e.deficit > 0)
+    elif baseline.deficit > 0 or speculative.deficit > 0:  # a path did not take its own argmax (a tie is no deficit)
+        which, e = ("baseline", baseline) if baseline.deficit > 0 else ("speculative", speculative)
         verdict = "BUG"
         reason = f"the {which} path chose a token {e.deficit:.3g} below the top-1 of its own target logits"
     elif baseline.gap <= tolerance and speculative.gap <= tolerance:
@@ -265,15 +266,12 @@ def compare_prompt(target: GPT2, draft: GPT2, name: str, prompt_ids: torch.Tenso
         divergence = explain_divergence(d, Evidence.at(baseline, row_b, d, tokenizer),
                                         Evidence.at(speculative, row_s, d, tokenizer), row_b, row_s,
                                         settings.relative_tolerance(target.dtype))
-    # The noise between the two paths: every position whose prefix both runs share.
+    # The noise between the two paths: (delta, scale) at every position whose prefix both runs share.
     last_shared = T + (d if d is not None else max(len(baseline), len(speculative)) - 1)
-    max_delta = max_relative = 0.0
-    for position in range(T, last_shared + 1):
-        row_b, row_s = base_rec.rows.get(position), spec_rec.rows.get(position)
-        if row_b is not None and row_s is not None:
-            delta = float((row_b - row_s).abs().max())
-            scale = float(torch.maximum(row_b.abs().max(), row_s.abs().max()))
-            max_delta, max_relative = max(max_delta, delta), max(max_relative, delta / scale if scale > 0 else 0.0)
+    noise = [row_difference(base_rec.rows[t], spec_rec.rows[t]) for t in range(T, last_shared + 1)
+             if t in base_rec.rows and t in spec_rec.rows]
+    max_delta = max((delta for delta, _ in noise), default=0.0)
+    max_relative = max((delta / scale if scale > 0 else 0.0 for delta, scale in noise), default=0.0)
     return PromptResult(name, T, baseline, speculative, divergence, max_delta, max_relative, stats.alpha,
                         stats.tokens_per_target_call, settings.eos_id)
 
@@ -364,13 +362,6 @@ def markdown_report(env: dict, s: dict, reports: list[DtypeReport]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def exit_code(reports: list[DtypeReport]) -> int:
-    """1 if a float32 divergence is a BUG or any run broke the end-of-text rule, else 0."""
-    failed = any(r.bugs for r in reports if r.dtype == "float32") or any(not p.eos_ok for r in reports
-                                                                         for p in r.prompts)
-    return int(failed)
-
-
 def parse_dtypes(text: str) -> list[torch.dtype]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names or any(n not in DTYPE_NAMES for n in names):
@@ -459,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
                      "readable": args.readable, "prompts": [name for name, _ in suite],
                      "tokenizer": tokenizer_note or "not needed", "tie_eps_multiple": TIE_EPS_MULTIPLE,
                      "logits": "captured during each run by a forward hook on the target"}
-    code = exit_code(reports)
+    # 1 if a float32 divergence is a BUG or any run broke the end-of-text rule
+    code = int(any((r.dtype == "float32" and r.bugs) or not all(p.eos_ok for p in r.prompts) for r in reports))
     write_json(folder / "parity.json", {"environment": env, "settings": settings_dict,
                                         "dtypes": [r.to_dict() for r in reports], "passed": code == 0})
     report = markdown_report(env, settings_dict, reports)

@@ -111,12 +111,12 @@ PEER_COLUMNS: dict[str, str] = {
 
 def cell_row(result: SweepResult, cell: Cell) -> dict:
     """One cell's row: every column of COLUMNS (and PEER_COLUMNS with a peer)."""
-    base, comp = result.baselines[cell.max_gen], result.components[cell.max_gen]
-    speedups = [b / s for b, s in zip(base.seconds, cell.spec_seconds)]
-    spec_s, base_s = median(cell.spec_seconds), median(base.seconds)
-    t_v = median(comp.t_verify[cell.gamma if cell.tree is None else cell.tree])
-    t_d, t_t = median(comp.t_draft), median(comp.t_target)
-    s_t, s_d = median(comp.t_start_target), median(comp.t_start_draft)
+    group = result.groups[cell.max_gen]
+    speedups = [b / s for b, s in zip(group.base_seconds, cell.spec_seconds)]
+    spec_s, base_s = median(cell.spec_seconds), median(group.base_seconds)
+    t_v = median(group.t_verify[cell.gamma if cell.tree is None else cell.tree])
+    t_d, t_t = median(group.t_draft), median(group.t_target)
+    s_t, s_d = median(group.t_start_target), median(group.t_start_draft)
     stats = pooled(cell.stats)
     if cell.tree is None:
         E = expected_tokens_per_step(stats.alpha, cell.gamma)
@@ -130,7 +130,7 @@ def cell_row(result: SweepResult, cell: Cell) -> dict:
         "max_gen": cell.max_gen, "gamma": cell.gamma, "tree": cell.tree, "alpha_sim": cell.alpha_sim,
         "drafter": "model" if cell.alpha_sim is None else "simulated",
         "speedup": median(speedups), "speedup_min": min(speedups), "speedup_max": max(speedups),
-        "spec_tok_s": cell.tokens / spec_s, "base_tok_s": base.tokens / base_s,
+        "spec_tok_s": cell.tokens / spec_s, "base_tok_s": group.base_tokens / base_s,
         "alpha": stats.alpha, "accepted_per_drafted": stats.accepted_per_drafted,
         "tokens_per_call": stats.tokens_per_target_call,
         "t_draft_ms": 1e3 * t_d, "t_target_ms": 1e3 * t_t, "t_verify_ms": 1e3 * t_v,
@@ -141,15 +141,16 @@ def cell_row(result: SweepResult, cell: Cell) -> dict:
         "predicted_with_start": predicted_start, "efficiency_with_start": median(speedups) / predicted_start,
         "draft_share": cell.draft_seconds / sum(cell.spec_seconds),
         "verify_share": cell.verify_seconds / sum(cell.spec_seconds),
-        "tokens": cell.tokens, "spec_seconds": spec_s, "base_seconds": base_s, "context_len": comp.context_len,
-        "identical_runs": cell.identical, "compared_runs": cell.compared,
+        "tokens": cell.tokens, "spec_seconds": spec_s, "base_seconds": base_s, "context_len": group.context_len,
+        "identical_runs": cell.identical,
+        "compared_runs": len(result.prompts) * result.settings.repeats if result.settings.sampling.greedy else 0,
     }
     if result.settings.peer:
-        hf_speedups = [b / s for b, s in zip(base.hf_seconds, cell.hf_spec_seconds)]
+        hf_speedups = [b / s for b, s in zip(group.hf_base_seconds, cell.hf_spec_seconds)]
         hf_spec_tok_s = cell.tokens / median(cell.hf_spec_seconds)
         row.update(hf_speedup=median(hf_speedups), hf_speedup_min=min(hf_speedups),
                    hf_speedup_max=max(hf_speedups), hf_spec_tok_s=hf_spec_tok_s,
-                   hf_base_tok_s=base.tokens / median(base.hf_seconds),
+                   hf_base_tok_s=group.base_tokens / median(group.hf_base_seconds),
                    ours_over_hf=row["spec_tok_s"] / hf_spec_tok_s, hf_identical_runs=cell.hf_identical)
     return row
 
@@ -197,7 +198,7 @@ def markdown(result: SweepResult, rows: list[dict], env: dict, command: str) -> 
         f"- baseline: gpt2.generate of the target (KV cache), interleaved with the speculative runs; {s.repeats} "
         f"repeats after {s.warmup} warm-up round(s); speedup = median [min-max] over repeats",
         f"- t_d, t_t, t_v: {s.component_calls} calls per repeat each, spread between the runs, KV cache at "
-        "context_len = " + ", ".join(f"{c.context_len} (max_gen {n})" for n, c in result.components.items()),
+        "context_len = " + ", ".join(f"{g.context_len} (max_gen {n})" for n, g in result.groups.items()),
     ]
     if s.peer:
         lines.append(f"- peer: transformers {env.get('transformers')} assisted generation (constant "
@@ -249,28 +250,26 @@ def line_label(alpha_sim: float | None, env: dict) -> str:
     return "real draft" + (" (random weights)" if env.get("weights") in ("random", "tiny") else "")
 
 
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+def save(fig, ax, path: Path) -> None:
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=125)
 
 
 def plot_speedup(result: SweepResult, rows: list[dict], env: dict, path: Path) -> None:
     """One axis, ~1000 x 700 px: speedup against γ at the largest max_gen, one
     colour per acceptance setting, measured solid (min-max bars), predicted
     dashed, transformers dotted."""
-    plt = pyplot()
+    from matplotlib.figure import Figure  # matplotlib only when plotting; no pyplot state to close
+
     s = result.settings
     n = max(s.max_gens)
-    fig, ax = plt.subplots(figsize=(8, 5.6))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig = Figure(figsize=(8, 5.6))
+    ax = fig.subplots()
     for i, alpha_sim in enumerate(s.alpha_settings):
         sel = [r for r in rows if r["max_gen"] == n and r["alpha_sim"] == alpha_sim and r["tree"] is None]
-        g, y, color, name = [r["gamma"] for r in sel], [r["speedup"] for r in sel], colors[i % len(colors)], \
-            line_label(alpha_sim, env)
+        g, y, color, name = [r["gamma"] for r in sel], [r["speedup"] for r in sel], f"C{i}", line_label(alpha_sim, env)
         err = [[r["speedup"] - r["speedup_min"] for r in sel], [r["speedup_max"] - r["speedup"] for r in sel]]
         ax.errorbar(g, y, yerr=err, color=color, marker="o", capsize=3, label=f"{name}, measured")
         ax.plot(g, [r["predicted_speedup"] for r in sel], color=color, linestyle="--", label=f"{name}, predicted")
@@ -284,34 +283,27 @@ def plot_speedup(result: SweepResult, rows: list[dict], env: dict, path: Path) -
     ax.set_ylabel("speedup over plain decoding")
     ax.set_title(f"{env['models']['draft']} → {env['models']['target']}, max_gen {n}, {env['device_name']}, "
                  f"{env['dtype']}", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=125)
-    plt.close(fig)
+    save(fig, ax, path)
 
 
 def plot_acceptance(result: SweepResult, env: dict, path: Path) -> None:
     """One small axis: P(draft position i accepted | judged), one line per
     acceptance setting, pooled over γ, max_gen and prompts."""
-    plt = pyplot()
-    s = result.settings
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    for alpha_sim in s.alpha_settings:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4))
+    ax = fig.subplots()
+    for alpha_sim in result.settings.alpha_settings:
         stats = pooled([st for c in result.cells if c.alpha_sim == alpha_sim and c.tree is None for st in c.stats])
         line, = ax.plot(range(1, stats.gamma + 1), stats.position_acceptance, marker="o",
                         label=line_label(alpha_sim, env))
         if alpha_sim is not None:
             ax.axhline(alpha_sim, color=line.get_color(), linestyle="--", linewidth=0.8)
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xticks(range(1, max(s.gammas) + 1))
+    ax.set_xticks(range(1, max(result.settings.gammas) + 1))
     ax.set_xlabel("draft position i")
     ax.set_ylabel("P(accepted | judged)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=125)
-    plt.close(fig)
+    save(fig, ax, path)
 
 
 def write_all(result: SweepResult, folder: Path, env: dict, command: str) -> list[Path]:
@@ -337,17 +329,16 @@ def write_all(result: SweepResult, folder: Path, env: dict, command: str) -> lis
         "cells": [{"max_gen": c.max_gen, "gamma": c.gamma, "tree": c.tree, "alpha_sim": c.alpha_sim,
                    "position_acceptance": pooled(c.stats).position_acceptance,
                    "accepted_hist": pooled(c.stats).accepted_hist,
-                   "spec_seconds": c.spec_seconds, "base_seconds": result.baselines[c.max_gen].seconds,
+                   "spec_seconds": c.spec_seconds, "base_seconds": result.groups[c.max_gen].base_seconds,
                    "stats_per_prompt": [st.to_dict() for st in c.stats],
-                   **({"hf_spec_seconds": c.hf_spec_seconds, "hf_base_seconds": result.baselines[c.max_gen].hf_seconds}
-                      if s.peer else {})}
+                   **({"hf_spec_seconds": c.hf_spec_seconds,
+                       "hf_base_seconds": result.groups[c.max_gen].hf_base_seconds} if s.peer else {})}
                   for c in result.cells],
-        "components_seconds": {str(n): {"context_len": comp.context_len, "t_draft": comp.t_draft,
-                                        "t_target": comp.t_target,
-                                        "t_verify": {str(g): v for g, v in comp.t_verify.items()},
-                                        "prompt_len": comp.prompt_len, "t_start_target": comp.t_start_target,
-                                        "t_start_draft": comp.t_start_draft}
-                               for n, comp in result.components.items()},
+        "components_seconds": {str(n): {"context_len": g.context_len, "t_draft": g.t_draft, "t_target": g.t_target,
+                                        "t_verify": {str(k): v for k, v in g.t_verify.items()},
+                                        "prompt_len": g.prompt_len, "t_start_target": g.t_start_target,
+                                        "t_start_draft": g.t_start_draft}
+                               for n, g in result.groups.items()},
     })
     plot_speedup(result, rows, env, paths[3])
     plot_acceptance(result, env, paths[4])

@@ -14,6 +14,7 @@ target plus weight noise; tokens per target call come from their own
 distributions, and the speedup is costed at the large pair's r_k.
 
     python -m benchmarks.tree_speed
+    python -m benchmarks.tree_speed --draft-quantize int8    # the draft's passes ~2.5x cheaper
     python -m benchmarks.tree_speed --tiny --repeats 1 --new-tokens 16    # a smoke run
 
 Outputs (in --out, default benchmarks/results/tree_speed-<UTC time>/):
@@ -182,6 +183,33 @@ def predict_chain(gamma: int, alpha: float, costs: dict) -> dict:
     return {"nodes": gamma, "levels": [1] * gamma, "E": E, "cost": cost, "predicted": E / cost}
 
 
+# What the costs of width allow: the best predicted tree against the best predicted chain, at the measured costs
+# and with the costs a tree pays for its width removed or lowered.
+CEILING_COSTS = {
+    "measured costs": lambda costs: costs,
+    "verification free (r_k = 1)": lambda costs: {**costs, "r": {k: 1.0 for k in costs["r"]},
+                                                  "r_tree": {k: 1.0 for k in costs["r_tree"]}},
+    "draft passes 2.5x cheaper": lambda costs: {**costs, "c": {n: c / 2.5 for n, c in costs["c"].items()}},
+    "both": lambda costs: {"r": {k: 1.0 for k in costs["r"]}, "r_tree": {k: 1.0 for k in costs["r_tree"]},
+                           "c": {n: c / 2.5 for n, c in costs["c"].items()}},
+}
+
+
+def ceiling(levels: dict, profile: str, chains: range, costs: dict) -> dict:
+    """Per CEILING_COSTS variant: the best chain and tree of `profile` by
+    predicted speedup, and the tree / chain ratio. It says how far the goal
+    is from what this machine's r_k and draft passes permit."""
+    a, out = PROFILES[profile], {}
+    for variant, cost_of in CEILING_COSTS.items():
+        c = cost_of(costs)
+        chain = {f"chain gamma {g}": predict_chain(g, a[0], c)["predicted"] for g in chains}
+        tree = {name: predict_tree(lv, a, c)["predicted"] for (p, name), lv in levels.items() if p == profile}
+        best_chain, best_tree = max(chain, key=chain.get), max(tree, key=tree.get)
+        out[variant] = {"chain": best_chain, "chain_predicted": chain[best_chain], "tree": best_tree,
+                        "tree_predicted": tree[best_tree], "tree_vs_chain": tree[best_tree] / chain[best_chain]}
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Measured runs
 # ---------------------------------------------------------------------------
@@ -294,7 +322,8 @@ def fmt(x: float | None, digits: int = 2) -> str:
 
 def report(payload: dict, env: dict, args: argparse.Namespace) -> str:
     costs, lines = payload["costs"], ["# Token trees against chains", "", *environment_lines(env), ""]
-    lines += [f"- target {args.target}, draft {args.draft}, random weights; prompt {args.prefix} tokens, "
+    draft = args.draft + (" (int8 weights)" if args.draft_quantize == "int8" else "")
+    lines += [f"- target {args.target}, draft {draft}, random weights; prompt {args.prefix} tokens, "
               f"{args.new_tokens} new tokens; medians of {args.repeats} interleaved repeats; t_t = one target "
               f"step ({costs['t_t_s'] * 1e3:.0f} ms)", "", "## Costs relative to one target step", ""]
     rows = [[str(k), fmt(costs["r"].get(k)), fmt(costs["r_tree"].get(k))] for k in sorted(costs["r"])]
@@ -312,7 +341,10 @@ def report(payload: dict, env: dict, args: argparse.Namespace) -> str:
         best = payload["best"][profile]
         lines += [f"Best measured: {best['tree']} at {fmt(best['tree_speedup'])}x, {best['chain']} at "
                   f"{fmt(best['chain_speedup'])}x: the tree is {fmt(best['tree_vs_chain'])}x the chain (median of "
-                  "per-repeat ratios).", ""]
+                  "per-repeat ratios).", "", "What the costs of width allow (predicted):", ""]
+        rows = [[variant, f"{c['chain']}: {fmt(c['chain_predicted'])}x", f"{c['tree']}: {fmt(c['tree_predicted'])}x",
+                 fmt(c["tree_vs_chain"])] for variant, c in payload["ceilings"][profile].items()]
+        lines += [markdown_table(["costs", "best chain", "best tree", "tree / chain"], rows), ""]
     lines += ["## A real acceptance process: the noisy pair", "",
               f"- target: {NOISY_TARGET.n_layer} layers, C = {NOISY_TARGET.n_embd}, V = {NOISY_TARGET.vocab_size}, "
               f"N(0, {NOISY_STD}) weights; draft: the target + N(0, {NOISY_SCALE}) on every matrix; "
@@ -341,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="gpt2-large")
     parser.add_argument("--draft", default="gpt2")
+    parser.add_argument("--draft-quantize", choices=("none", "int8"), default="none",
+                        help="int8: the draft's weights in int8 (the float32 target decides the output)")
     parser.add_argument("--tiny", action="store_true", help="tiny random models (a smoke run)")
     parser.add_argument("--prefix", type=int, default=64, help="prompt tokens")
     parser.add_argument("--new-tokens", type=int, default=40)
@@ -366,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         args.target, args.draft = "tiny", "tiny-draft"
     target = random_model(shape(args.target), device=CPU, dtype=torch.float32, seed=0)
-    draft = random_model(shape(args.draft), device=CPU, dtype=torch.float32, seed=1)
+    draft = random_model(shape(args.draft), device=CPU, dtype=torch.float32, seed=1, quantize=args.draft_quantize)
     prompt = torch.randint(0, target.config.vocab_size, (1, args.prefix), generator=torch.Generator().manual_seed(0))
     folder = results_dir(args.out, "tree_speed")
     env = environment(CPU, torch.float32, {"target": args.target, "draft": args.draft}, fast.status(target))
@@ -378,15 +412,17 @@ def main(argv: list[str] | None = None) -> int:
         ks = sorted({*range(1, 11), 12, 16, 20, 24, 32} | set(R_K_REPORTED))
         costs = measure_costs(target, draft, prompt, ks, sorted({*range(1, 9), widest}), args.cost_repeats)
 
-        profiles, plans = {}, {}
+        profiles, plans, levels, ceilings = {}, {}, {}, {}
         for profile in args.profiles.split(","):
             a = PROFILES[profile]
             configs = {f"chain gamma {g}": {"kind": "chain", "gamma": g, **predict_chain(g, a[0], costs)}
                        for g in chains}
             for name, tree in shapes.items():
-                levels = profile_tree(SimulatedTreeDrafter(draft, prompt, a), tree)
-                configs[f"tree {name}"] = {"kind": "tree", "shape": tree, **predict_tree(levels, a, costs)}
+                levels[(profile, f"tree {name}")] = profile_tree(SimulatedTreeDrafter(draft, prompt, a), tree)
+                configs[f"tree {name}"] = {"kind": "tree", "shape": tree,
+                                           **predict_tree(levels[(profile, f"tree {name}")], a, costs)}
             profiles[profile] = configs
+            ceilings[profile] = ceiling(levels, profile, chains, costs)
             chosen = []
             for kind in ("chain", "tree"):
                 ranked = sorted((c["predicted"], name) for name, c in configs.items() if c["kind"] == kind)
@@ -419,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         "profiles": {p: {n: {k: v for k, v in c.items() if k != "shape"} for n, c in configs.items()}
                      for p, configs in profiles.items()},
         "best": best,
+        "ceilings": ceilings,
         "noisy": {label: {name: noisy[(t, name)] for name in candidates}
                   for t, label in ((0.0, "greedy"), (1.0, "sampled"))},
     }

@@ -288,7 +288,11 @@ def decode_rows(
     return out
 
 
-PADDING_SLACK = 1.25  # rows share a prefill pass while it computes at most this many positions per real one
+# What a forward pass costs beyond its positions' arithmetic, in positions: a pass reads every weight once
+# (4 bytes per weight at ~50 GB/s), which on a CPU takes about as long as 8 positions' multiply-adds
+# (2 flops per weight at ~200 GFLOP/s). Rows therefore share a prefill pass when that saves more than the
+# padding it adds.
+PASS_POSITIONS = 8
 
 
 def prefill_rows(model: GPT2, cache: KVCache, prefixes: list[torch.Tensor]) -> None:
@@ -320,19 +324,25 @@ def prefill_rows(model: GPT2, cache: KVCache, prefixes: list[torch.Tensor]) -> N
 
 
 def length_groups(lengths: list[int]) -> list[list[int]]:
-    """The rows (indices into `lengths`) in groups of similar length, shortest
-    first: a group grows while padding every row to its longest computes at
-    most PADDING_SLACK times the group's real positions. A pass costs a read
-    of every weight however few its rows, so rows of near lengths share one;
-    one of very different lengths would mostly compute padding.
+    """The rows (indices into `lengths`) in prefill groups, shortest first,
+    chosen to minimise the work of the passes: a group of G rows padded to
+    its longest, P, costs PASS_POSITIONS + G * P positions. Sorted by length,
+    the best split into runs of neighbours is found exactly by dynamic
+    programming: best[j] = min over i of best[i] + cost(rows i..j-1). Rows of
+    near lengths share a pass (one read of the weights), and a very short
+    row does not compute a long one's padding.
     """
-    groups: list[list[int]] = []
-    for b in sorted(range(len(lengths)), key=lambda b: lengths[b]):
-        group = groups[-1] if groups else None
-        if group is not None and (len(group) + 1) * lengths[b] <= PADDING_SLACK * (
-            sum(lengths[g] for g in group) + lengths[b]
-        ):
-            group.append(b)
-        else:
-            groups.append([b])
-    return [sorted(group) for group in groups]
+    order = sorted(range(len(lengths)), key=lambda b: lengths[b])
+    P = [lengths[b] for b in order]  # ascending
+    best = [0] + [None] * len(P)  # best[j]: the least cost of the first j sorted rows
+    start = [0] * (len(P) + 1)  # start[j]: where the last group of that best split begins
+    for j in range(1, len(P) + 1):
+        for i in range(j):  # the last group is rows i..j-1; on a tie the bigger group (fewer passes) stays
+            cost = best[i] + (PASS_POSITIONS + (j - i) * P[j - 1] if P[j - 1] else 0)  # empty rows: no pass
+            if best[j] is None or cost < best[j]:
+                best[j], start[j] = cost, i
+    groups, j = [], len(P)
+    while j > 0:
+        groups.append(sorted(order[start[j] : j]))
+        j = start[j]
+    return groups[::-1]

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from benchmarks.common import run_cli
-from benchmarks.tree_speed import interpolate, main, predict_chain, predict_tree
+from benchmarks.tree_speed import ceiling, interpolate, main, predict_chain, predict_tree
 from spec_decoding import expected_tokens_per_step
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -21,7 +21,8 @@ COSTS = {"r": {1: 1.0, 2: 1.1, 4: 1.5}, "r_tree": {1: 1.0, 2: 1.1, 4: 1.5, 8: 2.
 def test_a_short_run_writes_the_report(tmp_path):
     out = tmp_path / "ts"
     args = ["--tiny", "--repeats", "1", "--new-tokens", "8", "--prefix", "4", "--measure", "1", "--max-gamma", "2",
-            "--noisy-prompts", "1", "--trees", "2", "2,1", "nodes 3 depth 2", "--out", str(out)]
+            "--noisy-prompts", "1", "--trees", "2", "2,1", "nodes 3 depth 2", "--draft-quantize", "int8",
+            "--out", str(out)]
     assert run_cli(main, args) == 0
     report = (out / "tree_speed.md").read_text(encoding="utf-8")
     for heading in ("## Costs relative to one target step", "## Profile strong", "## Profile weak",
@@ -40,6 +41,9 @@ def test_a_short_run_writes_the_report(tmp_path):
         for name in measured:
             assert len(profile[name]["speedups"]) == 1 and profile[name]["tokens_per_call"] >= 1.0
     assert result["best"]["weak"]["tree"].startswith("tree") and result["best"]["weak"]["chain"].startswith("chain")
+    assert set(result["ceilings"]["weak"]) == {"measured costs", "verification free (r_k = 1)",
+                                                "draft passes 2.5x cheaper", "both"}
+    assert "What the costs of width allow (predicted):" in report and "draft tiny-draft (int8 weights)" in report
     assert set(result["noisy"]["greedy"]) == {"chain gamma 1", "chain gamma 2", "tree 2", "tree 2,1",
                                               "tree nodes 3 depth 2"}
 
@@ -57,6 +61,26 @@ def test_predictions_follow_the_profile_model():
     # The draft's first pass, one pass over the 2 depth-1 nodes, and a 5-token tree verification.
     assert tree["cost"] == pytest.approx(0.2 + 0.25 + interpolate(COSTS["r_tree"], 5))
     assert tree["nodes"] == 4 and tree["levels"] == [2, 2]
+
+
+def test_ceilings_reprice_the_same_configs_with_width_made_cheap():
+    """At the measured costs, the ceiling is the best predicted chain and tree;
+    with verification free, a wide shallow tree overtakes (it gains
+    acceptance at depth 1 and pays only its draft passes)."""
+    levels = {("weak", "tree 3"): [[(0, 0), (0, 1), (0, 2)]],
+              ("weak", "tree 2,1"): [[(0, 0), (0, 1)], [(0, 0), (1, 0)]],
+              ("strong", "tree 3"): [[(0, 0), (0, 1), (0, 2)]]}
+    c = ceiling(levels, "weak", range(1, 4), COSTS)
+    weak = {name: lv for (profile, name), lv in levels.items() if profile == "weak"}
+    at_measured = {name: predict_tree(lv, (0.5, 0.15, 0.07), COSTS)["predicted"] for name, lv in weak.items()}
+    best = max(at_measured, key=at_measured.get)
+    chains = {g: predict_chain(g, 0.5, COSTS)["predicted"] for g in range(1, 4)}
+    assert c["measured costs"]["tree"] == best and c["measured costs"]["tree_predicted"] == at_measured[best]
+    assert c["measured costs"]["chain"] == f"chain gamma {max(chains, key=chains.get)}"
+    assert c["measured costs"]["tree_vs_chain"] == pytest.approx(at_measured[best] / max(chains.values()))
+    free = c["verification free (r_k = 1)"]
+    assert free["tree_predicted"] > c["measured costs"]["tree_predicted"]
+    assert free["tree_vs_chain"] > c["measured costs"]["tree_vs_chain"]
 
 
 def test_interpolation_between_and_beyond_the_measured_points():
