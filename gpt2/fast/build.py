@@ -1,7 +1,8 @@
 """Compiles the C kernels of csrc/ into one library, once per machine, and
 loads it with ctypes.
 
-The kernels are plain C with AVX2 + FMA intrinsics and OpenMP: no PyTorch
+The kernels are plain C with AVX2 + FMA intrinsics (and AVX-512VL's extra
+registers where the CPU has them) and OpenMP: no PyTorch
 headers, no build step at install time. They are compiled on first use with
 the system C compiler (`$CC`, else `cc`; about a second) into a cache folder,
 under a name made from a hash of everything that goes into them, so an
@@ -38,6 +39,10 @@ HEADERS = (CSRC / "vector_math.h",)  # included by the sources: part of the reci
 # libgomp.so.1, which PyTorch has already loaded, so both share one thread pool
 # and torch.set_num_threads applies to the kernels too.
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+# Where the CPU has AVX-512 (as PyTorch counts it: F, BW, VL, DQ), the kernels may also use its 32 vector
+# registers: linear.c then takes 8 rows per tile. The flags are part of the library's name, so a cache
+# shared with an AVX2-only machine never hands it this build.
+AVX512_FLAGS = ("-mavx512f", "-mavx512vl")
 LIBRARIES = ("-lm",)
 COMPILE_TIMEOUT_S = 120
 
@@ -66,10 +71,15 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
+def flags() -> tuple[str, ...]:
+    """The compiler flags for this CPU: FLAGS, and AVX512_FLAGS where it has AVX-512."""
+    return FLAGS + (AVX512_FLAGS if torch.backends.cpu.get_cpu_capability() == "AVX512" else ())
+
+
 def library_path(cc: str) -> Path:
     """Where the library built by `cc` from today's sources is (or will be)."""
     recipe = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
-    recipe += repr((cc, FLAGS, LIBRARIES, platform.platform())).encode()
+    recipe += repr((cc, flags(), LIBRARIES, platform.platform())).encode()
     return cache_dir() / f"gpt2-kernels-{hashlib.sha256(recipe).hexdigest()[:16]}.so"
 
 
@@ -84,7 +94,7 @@ def compile_library(cc: str, library: Path) -> None:
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *FLAGS, *map(str, SOURCES), "-o", partial, *LIBRARIES],
+            [cc, *flags(), *map(str, SOURCES), "-o", partial, *LIBRARIES],
             capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
         )
         if done.returncode != 0:

@@ -22,7 +22,7 @@
  * of multiply-adds, so that each need not wait for its previous one (one
  * output alone is latency-bound). Two rows, and MANY_ROWS or more, take the
  * four outputs against tiles of up to 3 rows; in between, the group's two
- * pairs of outputs take turns against tiles of up to 7 rows
+ * pairs of outputs take turns against tiles of up to 7 rows (8 with AVX-512VL)
  * (`group_all_rows` says why).
  *
  * Batch invariance: every output y[r][o] is summed in one fixed order, the
@@ -45,10 +45,17 @@
 #include "vector_math.h"
 
 /* A tile: one pair of outputs times up to 7 rows of x, 14 accumulators + 2
- * registers of W in AVX2's 16 registers. int8 keeps two sets of accumulators
- * (a multiply-add then never waits for the previous one; the int8 loop is
- * bound by that latency), so its tiles take 3 rows. */
+ * registers of W in AVX2's 16 registers; where AVX-512VL gives 32 of them
+ * (build.py compiles for it where the CPU has it), 8 rows, so that 8 rows
+ * (a batch of 8, or gamma = 7) are one tile instead of 7 + a slow single row.
+ * int8 keeps two sets of accumulators (a multiply-add then never waits for
+ * the previous one; the int8 loop is bound by that latency), so its tiles
+ * take 3 rows. */
+#ifdef __AVX512VL__
+#define FLOAT_TILE_ROWS 8
+#else
 #define FLOAT_TILE_ROWS 7
+#endif
 #define INT8_TILE_ROWS 3
 #define SIDE_BY_SIDE_ROWS 3 /* rows of a tile that takes a group's four outputs at once */
 #define MANY_ROWS 24 /* from here on, 4 outputs x SIDE_BY_SIDE_ROWS rows per tile */
@@ -163,7 +170,7 @@ static inline __attribute__((always_inline)) void group_tile(
  * four outputs side by side for one row or two (few sums in flight
  * otherwise), and from MANY_ROWS rows, where arithmetic bounds the loop (3
  * rows x 4 outputs load fewer values per multiply-add than 7 x 2); the two
- * pairs in turn, 7 rows at a time, in between, where memory does. */
+ * pairs in turn, FLOAT_TILE_ROWS rows at a time, in between, where memory does. */
 static inline __attribute__((always_inline)) void group_all_rows(
     const float *x, const void *w_group, const float *scale, const float *bias, float *y,
     int64_t n, int64_t in, int64_t out, int64_t o, const int int8) {
@@ -190,7 +197,8 @@ static inline __attribute__((always_inline)) void group_all_rows(
             case 4: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 4, 0); break;
             case 5: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 5, 0); break;
             case 6: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 6, 0); break;
-            default: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 7, 0); break;
+            case 7: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 7, 0); break;
+            default: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, FLOAT_TILE_ROWS, 0); break;
         }
     }
 }
