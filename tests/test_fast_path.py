@@ -364,3 +364,16 @@ def test_the_build_is_cached_by_its_recipe(fast_kernels, tmp_path, monkeypatch):
     assert build.library_path(cc) == library  # the same recipe, the same file: not compiled again
     assert [p.name for p in tmp_path.iterdir()] == [library.name]  # no temporary file left
     assert library.stat().st_mtime_ns == stamp
+
+
+def test_avx512_builds_its_own_library_and_avx2_cpus_never_get_it(monkeypatch):
+    """The AVX-512 flags (8-row tiles in linear.c) go only to a CPU PyTorch
+    counts as AVX512, and they are part of the library's name: a kernel cache
+    shared with an AVX2-only machine cannot hand it the AVX-512 build."""
+    paths = {}
+    for capability in ("AVX2", "AVX512"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert (set(build.AVX512_FLAGS) <= set(build.flags())) == (capability == "AVX512")
+        assert set(build.FLAGS) <= set(build.flags())
+        paths[capability] = build.library_path("cc")
+    assert paths["AVX2"] != paths["AVX512"]
