@@ -41,6 +41,7 @@ from benchmarks.common import build_pair, environment, environment_lines, markdo
 from benchmarks.common import write_json
 from benchmarks.decode_speed import BandwidthProbe, timed, weight_bytes
 from gpt2 import GPT2, fast, generate
+from gpt2.fast.quantize import matrix_weights
 from spec_decoding import SimulatedBatchDrafter, predicted_speedup, speculative_generate
 
 MAIN_GAMMA = 4  # the issue's setting for the main table
@@ -132,8 +133,7 @@ def pass_flops(model: GPT2, rows: int) -> int:
     """Floating-point operations of a pass over `rows` tokens: 2 per weight of
     every matrix (the blocks' and the LM head, the tied wte) per row;
     attention and the rest are small beside them."""
-    matrices = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and name != "wpe.weight")
-    return 2 * rows * matrices
+    return 2 * rows * sum(w.numel() for w in matrix_weights(model).values())
 
 
 def pass_bytes(model: GPT2, B: int, context: int) -> int:

@@ -64,6 +64,7 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.prompts import PROMPTS
+from benchmarks.sweep_report import pooled
 from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
 from spec_decoding import (
     AutoGamma,
@@ -146,8 +147,8 @@ def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: in
     "plain": {"seconds": [...]}."""
     device = target.device
     names = list(methods)
-    results = {name: {"ratios": [], "seconds": [], "modelled": [], "accepted": 0, "judged": 0, "gamma_hist": []}
-               for name in names}
+    results = {name: {"ratios": [], "seconds": [], "modelled": []} for name in names}
+    runs = {name: [] for name in names}  # every run's SpecStats
     plain_seconds = []
 
     def plain() -> float:
@@ -168,12 +169,7 @@ def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: in
                 pair[name] = seconds
                 results[name]["seconds"].append(seconds)
                 results[name]["stats"] = stats.to_dict()
-                results[name]["accepted"] += stats.accepted
-                results[name]["judged"] += stats.judged
-                hist = results[name]["gamma_hist"]
-                hist += [0] * (len(stats.gamma_hist) - len(hist))
-                for K, n in enumerate(stats.gamma_hist):
-                    hist[K] += n
+                runs[name].append(stats)
                 if costs is not None:
                     steps = sum(n * costs.step_seconds(K) for K, n in enumerate(stats.gamma_hist))
                     results[name]["modelled"].append(max_gen * costs.t_verify[0] / steps)
@@ -181,8 +177,9 @@ def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: in
             for name, seconds in pair.items():
                 results[name]["ratios"].append((before + after) / 2 / seconds)
     for name in names:
-        results[name]["speedup"] = statistics.median(results[name]["ratios"])
-        results[name]["alpha"] = results[name]["accepted"] / max(results[name]["judged"], 1)
+        total = pooled(runs[name])
+        results[name].update(speedup=statistics.median(results[name]["ratios"]), accepted=total.accepted,
+                             judged=total.judged, gamma_hist=total.gamma_hist, alpha=total.alpha)
     results["plain"] = {"seconds": plain_seconds}
     return results
 

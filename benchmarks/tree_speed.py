@@ -185,13 +185,19 @@ def predict_chain(gamma: int, alpha: float, costs: dict) -> dict:
 
 # What the costs of width allow: the best predicted tree against the best predicted chain, at the measured costs
 # and with the costs a tree pays for its width removed or lowered.
+def free_verification(costs: dict) -> dict:
+    return {**costs, "r": {k: 1.0 for k in costs["r"]}, "r_tree": {k: 1.0 for k in costs["r_tree"]}}
+
+
+def cheaper_draft(costs: dict) -> dict:
+    return {**costs, "c": {n: c / 2.5 for n, c in costs["c"].items()}}
+
+
 CEILING_COSTS = {
     "measured costs": lambda costs: costs,
-    "verification free (r_k = 1)": lambda costs: {**costs, "r": {k: 1.0 for k in costs["r"]},
-                                                  "r_tree": {k: 1.0 for k in costs["r_tree"]}},
-    "draft passes 2.5x cheaper": lambda costs: {**costs, "c": {n: c / 2.5 for n, c in costs["c"].items()}},
-    "both": lambda costs: {"r": {k: 1.0 for k in costs["r"]}, "r_tree": {k: 1.0 for k in costs["r_tree"]},
-                           "c": {n: c / 2.5 for n, c in costs["c"].items()}},
+    "verification free (r_k = 1)": free_verification,
+    "draft passes 2.5x cheaper": cheaper_draft,
+    "both": lambda costs: cheaper_draft(free_verification(costs)),
 }
 
 
