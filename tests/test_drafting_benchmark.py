@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import drafting
 from benchmarks.common import run_cli
-from benchmarks.drafting import expected_speedups, main, modelled_seconds
+from benchmarks.drafting import expected_speedups, held_out_best, main, modelled_seconds
 from spec_decoding import AutoGamma, FixedGamma, StepCosts
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -27,7 +27,7 @@ def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path, prompt_to
     assert "## auto against fixed γ and +2/-1 (simulated α)" in report
     assert "| float32 | 0.8 |" in report and "| int8 | 0.8 |" in report
     runs = json.loads((out / "drafting.json").read_text(encoding="utf-8"))["simulated"]["float32 alpha 0.8"]["runs"]
-    assert set(runs) == {"fixed 2", "fixed 3", "auto", "heuristic", "plain"}
+    assert set(runs) == {"fixed 2", "fixed 3", "auto", "auto, calibration only", "heuristic", "plain"}
     assert all(len(runs[name]["ratios"]) == 2 for name in ("fixed 2", "fixed 3", "auto", "heuristic"))
     assert all(len(runs[name]["modelled"]) == 2 for name in ("fixed 2", "fixed 3", "auto", "heuristic"))
     # α and the K asked count both repeats, not only the last run's counters.
@@ -50,6 +50,16 @@ def test_the_cost_model_prices_the_loops_steps():
     ks = [4, 4, 4, 4, 4, 4, 3, 2, 1, 0]
     assert modelled_seconds(FixedGamma(4), 0.0, 10, COSTS, random.Random(0)) == pytest.approx(
         sum(K * 0.2 + 1.0 + 0.04 * K for K in ks))
+
+
+def test_the_best_fixed_gamma_held_out_is_chosen_on_the_other_repeats():
+    runs = {"fixed 1": {"ratios": [1.0, 1.3, 1.0]}, "fixed 2": {"ratios": [1.1, 1.1, 1.1]},
+            "auto": {"ratios": [9, 9, 9]}}
+    # Repeat 0: the others favour fixed 1 (median 1.15 > 1.1), whose ratio there is 1.0; repeat 1: fixed 2
+    # (1.0 < 1.1), 1.1; repeat 2: fixed 1, 1.0. The median, 1.0, is what picking gamma from a sweep gets;
+    # fixed 1's lucky repeat does not enter it.
+    assert held_out_best(runs) == 1.0
+    assert held_out_best({"fixed 1": {"ratios": [1.2]}}) is None
 
 
 class FrozenAuto(AutoGamma):
