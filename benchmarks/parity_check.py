@@ -36,12 +36,10 @@ TIE_EPS_MULTIPLE = 8  # the tolerance is never below 8 eps(dtype) * scale
 
 
 class TargetLogitRecorder:
-    """During one run, keeps for each sequence position the target's logits
-    row that scored the token there: `rows[position]`, (V,) float32 on the
-    CPU, for positions >= first_position. A call that leaves the cache at
-    length L and returns T_out rows scored positions L - T_out + 1 .. L; a
-    later scoring overwrites an earlier one (verification re-scores positions
-    after a rejection, and the last scoring committed the token)."""
+    """During one run, keeps for each sequence position >= first_position the
+    target's logits row that scored the token there: `rows[position]`, (V,)
+    float32 on the CPU. A later scoring overwrites an earlier one
+    (verification re-scores positions after a rejection; the last one counts)."""
 
     def __init__(self, model: GPT2, *, first_position: int, ignore_cache: KVCache | None = None) -> None:
         self.model, self.first_position = model, first_position
@@ -61,7 +59,7 @@ class TargetLogitRecorder:
         if cache is not None and cache is self.ignore_cache:
             return  # a drafting call, not the target's
         assert input_ids.size(0) == 1, "the parity check decodes one sequence at a time"
-        end = cache.length if cache is not None else input_ids.size(1)  # the last position scored
+        end = cache.length if cache is not None else input_ids.size(1)  # (1, T_out, V) scored end - T_out + 1 .. end
         for t in range(logits.size(1)):
             position = end - logits.size(1) + 1 + t
             if position >= self.first_position:
@@ -145,7 +143,8 @@ class PromptResult:
     """Both runs of one prompt in one dtype: their new tokens, the first
     difference (None: identical), the largest logit difference (absolute and
     relative to the logit scale) over the positions whose prefix both runs
-    share, and the speculative run's α and tokens per target call."""
+    share, and the speculative run's α and tokens per target call; then what
+    follows from them, tokens after end-of-text in each run (the rule wants 0)."""
 
     name: str
     prompt_tokens: int
@@ -157,23 +156,16 @@ class PromptResult:
     alpha: float
     tokens_per_target_call: float
     eos_id: int
+    identical: bool = field(init=False)
+    differing_tokens: int = field(init=False)
+    after_eos: dict[str, int] = field(init=False)
+    eos_ok: bool = field(init=False)
 
-    @property
-    def identical(self) -> bool:
-        return self.divergence is None
-
-    @property
-    def differing_tokens(self) -> int:
-        return count_differing(self.baseline, self.speculative)
-
-    @property
-    def after_eos(self) -> dict[str, int]:
-        """Tokens after end-of-text in each run (the rule wants 0)."""
-        return {run: tokens_after_eos(getattr(self, run), self.eos_id) for run in ("baseline", "speculative")}
-
-    @property
-    def eos_ok(self) -> bool:
-        return not any(self.after_eos.values())
+    def __post_init__(self) -> None:
+        self.identical = self.divergence is None
+        self.differing_tokens = count_differing(self.baseline, self.speculative)
+        self.after_eos = {run: tokens_after_eos(getattr(self, run), self.eos_id) for run in ("baseline", "speculative")}
+        self.eos_ok = not any(self.after_eos.values())
 
 
 @dataclass
@@ -208,9 +200,7 @@ class DtypeReport:
         }
 
     def to_dict(self) -> dict:
-        return {"summary": self.summary(), "prompts": [
-            {**asdict(p), "identical": p.identical, "differing_tokens": p.differing_tokens,
-             "after_eos": p.after_eos, "eos_ok": p.eos_ok} for p in self.prompts]}
+        return {"summary": self.summary(), "prompts": [asdict(p) for p in self.prompts]}
 
 
 def row_difference(row_b: torch.Tensor, row_s: torch.Tensor) -> tuple[float, float]:
