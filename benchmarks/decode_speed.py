@@ -33,7 +33,7 @@ import torch
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
 from benchmarks.common import shape, write_json
 from gpt2 import GPT2, fast, generate
-from spec_decoding import SimulatedDrafter, speculative_generate
+from spec_decoding import SimulatedDrafter, TokenTree, speculative_generate
 from spec_decoding.stats import clock
 
 CPU = torch.device("cpu")
@@ -113,12 +113,9 @@ def step_bytes(model: GPT2, context: int, int8: bool) -> int:
 
 @functools.cache
 def tree_mask(k: int) -> torch.Tensor:
-    """(k, k) bool ancestor mask of a binary token tree in breadth-first order:
-    node i's parent is (i - 1) // 2; mask[i, j] = j is i or an ancestor of i."""
-    mask = torch.eye(k, dtype=torch.bool)  # (k, k)
-    for i in range(1, k):
-        mask[i] |= mask[(i - 1) // 2]  # the parent's ancestors, and i itself
-    return mask
+    """(k, k) bool ancestor mask of a binary token tree in breadth-first order
+    (node i's parent is (i - 1) // 2): mask[i, j] = j is i or an ancestor of i."""
+    return TokenTree((0,) * k, tuple((i - 1) // 2 for i in range(k))).ancestor_mask()  # the root's parent: -1
 
 
 class OursRunner:
@@ -266,30 +263,24 @@ def time_runners(runners: list, prompts: dict[str, torch.Tensor], drafts: torch.
     return samples
 
 
-def summary(s: dict[str, list[float]], slot: str, ks: list[int], nbytes: int) -> dict:
-    """One runner's figures at one context from its samples `s`. r_k is the
-    median over repeats of t_v(k) / t_step within each repeat: a ratio of two
-    medians can pair calls from a fast and a slow phase of the machine."""
-    steps, bandwidth = s[f"{slot} k=1"], s[f"{slot} bandwidth"]
-    fractions = [nbytes / bw / t for bw, t in zip(bandwidth, steps)]  # each step against its own bound
-    verify = {k: median(s[f"{slot} k={k}"]) for k in ks[1:]}
-    return {
-        "step_bytes": nbytes,
-        "step_s": median(steps),
-        "verify_s": verify,
-        "read_bandwidth_bytes_per_s": median(bandwidth),
-        "bound_s": nbytes / median(bandwidth),
-        "fraction_of_bound": median(fractions),
-        "fraction_of_bound_samples": fractions,
-        "r": {k: median([t / t1 for t, t1 in zip(s[f"{slot} k={k}"], steps)]) for k in ks[1:]},  # paired
-        "r_of_medians": {k: t / median(steps) for k, t in verify.items()},
-    }
-
-
-def entry(s: dict[str, list[float]], ks: dict[str, list[int]], nbytes: dict[str, int]) -> dict:
-    """One runner's samples and figures, at every context slot."""
-    return {"samples": s, "prefill_s": median(s["prefill"]), **{slot: summary(s, slot, ks[slot], n)
-                                                                for slot, n in nbytes.items()}}
+def figures(s: dict[str, list[float]], ks: dict[str, list[int]], nbytes: dict[str, int]) -> dict:
+    """One runner's samples `s` and its figures at every context slot, where
+    a step reads `nbytes[slot]`. r_k is the median over repeats of t_v(k) /
+    t_step within each repeat: a ratio of two medians can pair calls from a
+    fast and a slow phase of the machine."""
+    result = {"samples": s, "prefill_s": median(s["prefill"])}
+    for slot, n in nbytes.items():
+        steps, bandwidth = s[f"{slot} k=1"], s[f"{slot} bandwidth"]
+        fractions = [n / bw / t for bw, t in zip(bandwidth, steps)]  # each step against its own bound
+        verify = {k: median(s[f"{slot} k={k}"]) for k in ks[slot][1:]}
+        result[slot] = {
+            "step_bytes": n, "step_s": median(steps), "verify_s": verify,
+            "read_bandwidth_bytes_per_s": median(bandwidth), "bound_s": n / median(bandwidth),
+            "fraction_of_bound": median(fractions), "fraction_of_bound_samples": fractions,
+            "r": {k: median([t / t1 for t, t1 in zip(s[f"{slot} k={k}"], steps)]) for k in ks[slot][1:]},  # paired
+            "r_of_medians": {k: t / median(steps) for k, t in verify.items()},
+        }
+    return result
 
 
 def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spinners: Spinners) -> dict:
@@ -343,7 +334,7 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
               "max_abs_logit_diff": diffs, "contexts": contexts,
               "step_bytes": {slot: step_bytes(model, P, False) for slot, P in contexts.items()}}
     for phase, by_label in samples.items():
-        result["implementations" if phase == "quiet" else "loaded"] = {r.label: entry(
+        result["implementations" if phase == "quiet" else "loaded"] = {r.label: figures(
             by_label[r.label], ks, {slot: step_bytes(r.model, P, r.int8) for slot, P in contexts.items()})
             for r in runners}
     del runners, model
