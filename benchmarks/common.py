@@ -46,11 +46,6 @@ def shape(name: str) -> GPT2Config:
     return TINY_SHAPES[name] if name in TINY_SHAPES else preset(name)
 
 
-# ---------------------------------------------------------------------------
-# Environment header
-# ---------------------------------------------------------------------------
-
-
 def device_name(device: torch.device) -> str:
     """A human name for the device: the GPU model or the CPU model."""
     if device.type == "cuda":
@@ -79,22 +74,13 @@ def git_commit() -> str | None:
 
 def environment(device: torch.device, dtype: torch.dtype, models: dict[str, str], path: str,
                 quantize: str | None = None) -> dict:
-    """The header stored with every result: where and how it was measured.
-    `path`: `gpt2.fast.status(model)`, which forward pass ran; `quantize`:
-    "int8" where the weights were quantised."""
+    """The header stored with every result: where and how it was measured;
+    `path` is `gpt2.fast.status(model)`, `quantize` "int8" for int8 weights."""
     return {
-        "device": str(device),
-        "device_name": device_name(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "quantize": quantize,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "models": dict(models),
-        "path": path,
-        "git_commit": git_commit(),
+        "device": str(device), "device_name": device_name(device), "dtype": str(dtype).removeprefix("torch."),
+        "quantize": quantize, "torch": torch.__version__, "python": platform.python_version(),
+        "platform": platform.platform(), "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "models": dict(models), "path": path, "git_commit": git_commit(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -111,11 +97,6 @@ def environment_lines(env: dict) -> list[str]:
         f"- forward pass: {env['path']}",
         f"- commit: {env['git_commit']}; date: {env['date']}",
     ]
-
-
-# ---------------------------------------------------------------------------
-# Results folder and file formats
-# ---------------------------------------------------------------------------
 
 
 def results_dir(out: str | Path | None, prefix: str) -> Path:
@@ -141,6 +122,7 @@ def json_ready(value):
 
 
 def write_json(path: Path, payload: dict) -> None:
+    """`payload` as indented JSON, NaN and infinities written as null."""
     path.write_text(json.dumps(json_ready(payload), indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
 
@@ -157,11 +139,6 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     """A GitHub Markdown table; numbers are right-aligned."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" for _ in headers) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
-# ---------------------------------------------------------------------------
-# The model pair
-# ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -228,15 +205,12 @@ def noisy_copy(model: GPT2, *, scale: float, seed: int, relative: bool = False) 
 def build_pair(target: str, draft: str, *, weights: str = "checkpoint", draft_equals_target: bool = False,
                device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                quantize: str | None = None, seed: int = 0, accelerate: bool = True) -> ModelPair:
-    """Loads or builds the (target, draft) pair.
-
-    Args:
-        target, draft: Hub ids or folders (weights="checkpoint"), or preset
-            names such as "gpt2-large" (weights="random"); ignored for "tiny".
-        draft_equals_target: the target drafts for itself (the same object).
-        quantize: None or "int8", for both models (the baseline is then the
-            int8 target). accelerate: False keeps the readable path.
-        seed: seeds random weights (target: seed, draft: seed + 1).
+    """Loads or builds the (target, draft) pair. `target`, `draft`: Hub ids or
+    folders (weights="checkpoint"), or preset names such as "gpt2-large"
+    (weights="random"); ignored for "tiny". `draft_equals_target`: the target
+    drafts for itself (the same object). `quantize`: None or "int8", for both
+    models. `accelerate`: False keeps the readable path. `seed` seeds random
+    weights (target: seed, draft: seed + 1).
 
     Raises:
         ValueError, FileNotFoundError: unknown names or a failed load, with a
@@ -265,11 +239,8 @@ def build_pair(target: str, draft: str, *, weights: str = "checkpoint", draft_eq
 def load_prompt_tokenizer(model_folder: Path | None = None):
     """The GPT-2 tokenizer for the benchmark prompts: from the model folder's
     vocab.json/merges.txt, else ../shared/gpt2-bpe (OpenAI's encoder.json and
-    vocab.bpe, the same files), else tiktoken's own "gpt2" download.
-
-    Raises:
-        FileNotFoundError: none of them is available.
-    """
+    vocab.bpe, the same files), else tiktoken's own "gpt2" download; a
+    FileNotFoundError if none of them is available."""
     if model_folder is not None and (Path(model_folder) / "vocab.json").is_file():
         return load_tokenizer(model_folder)
     if SHARED_BPE_DIR.is_dir():

@@ -3,10 +3,8 @@ weights) and the memory-bandwidth bound: prefill, one decode step (t_step)
 and one pass over k new tokens (t_v(k)), on a KV cache of --prefix tokens,
 random weights, fp32, batch 1. r_k = t_v(k) / t_step is the cost of
 verifying gamma = k - 1 drafts: speculative decoding pays only while it stays
-near 1 (Leviathan et al. 2023). --tree-mask also times each k with a token
-tree's mask; --busy N keeps N cores busy in every other phase, for every
-figure and the simulated alpha 0.8, gamma 4 speedup quiet and loaded (each
-phase first runs a few untimed passes: `settle`); --fixed-threads also times the fast path without its thread chooser.
+near 1 (Leviathan et al. 2023). --busy N keeps N cores busy in every other
+phase, for every figure and a simulated alpha 0.8, gamma 4 speedup.
 
     python -m benchmarks.decode_speed                      # gpt2 and gpt2-large shapes
     python -m benchmarks.decode_speed --models gpt2-large --tree-mask --readable --int8
@@ -35,7 +33,7 @@ import torch
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
 from benchmarks.common import shape, write_json
 from gpt2 import GPT2, fast, generate
-from spec_decoding import SimulatedDrafter, speculative_generate
+from spec_decoding import SimulatedDrafter, TokenTree, speculative_generate
 from spec_decoding.stats import clock
 
 CPU = torch.device("cpu")
@@ -51,11 +49,6 @@ SETTLE_STEPS = 6  # untimed decode steps per phase with --busy (`settle`)
 
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------
-# What is measured
-# ---------------------------------------------------------------------------
 
 
 class BandwidthProbe:
@@ -120,12 +113,9 @@ def step_bytes(model: GPT2, context: int, int8: bool) -> int:
 
 @functools.cache
 def tree_mask(k: int) -> torch.Tensor:
-    """(k, k) bool ancestor mask of a binary token tree in breadth-first order:
-    node i's parent is (i - 1) // 2; mask[i, j] = j is i or an ancestor of i."""
-    mask = torch.eye(k, dtype=torch.bool)  # (k, k)
-    for i in range(1, k):
-        mask[i] |= mask[(i - 1) // 2]  # the parent's ancestors, and i itself
-    return mask
+    """(k, k) bool ancestor mask of a binary token tree in breadth-first order
+    (node i's parent is (i - 1) // 2): mask[i, j] = j is i or an ancestor of i."""
+    return TokenTree((0,) * k, tuple((i - 1) // 2 for i in range(k))).ancestor_mask()  # the root's parent: -1
 
 
 class OursRunner:
@@ -242,60 +232,55 @@ def settle(r, prompts: dict[str, torch.Tensor], drafts: torch.Tensor, ks: dict[s
             r.verify(drafts[:, :k], slot)
 
 
-def time_interleaved(runners: list, prompts: dict[str, torch.Tensor], drafts: torch.Tensor,
-                     ks: dict[str, list[int]], args: argparse.Namespace, probe: BandwidthProbe,
-                     spinners: Spinners) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """samples[phase][runner label][key] (keys: see `one_turn`). Each repeat
-    has a quiet phase and, with spinners, a loaded one; in each, every runner
-    takes its turn. The order of both is reversed on odd repeats, so slow
-    drift cancels; the first --warmup repeats are dropped."""
-    phases = ["quiet", "loaded"] if spinners.n else ["quiet"]
-    samples = {phase: {r.label: {} for r in runners} for phase in phases}
-    for r in runners:
-        for slot, prompt in prompts.items():
-            r.prefill(prompt, slot)
+def interleaved(items: list, args: argparse.Namespace, spinners: Spinners):
+    """Yields (repeat, phase, item) over --warmup + --repeats repeats: each has
+    a quiet phase and, with spinners, a loaded one, and every item takes its
+    turn in each. Both orders are reversed on odd repeats, so slow drift cancels."""
+    phases = ["quiet", "loaded"][: 1 + bool(spinners.n)]
     for rep in range(args.warmup + args.repeats):
         say(f"  repeat {rep + 1} of {args.warmup + args.repeats}" + (" (warm-up)" if rep < args.warmup else ""))
         for phase in phases if rep % 2 == 0 else phases[::-1]:
             with spinners.running(phase == "loaded"):
-                for r in runners if rep % 2 == 0 else runners[::-1]:
-                    if spinners.n:
-                        settle(r, prompts, drafts, ks)
-                    got = one_turn(r, prompts, drafts, ks, probe)
-                    for key, value in got.items() if rep >= args.warmup else ():
-                        samples[phase][r.label].setdefault(key, []).append(value)
+                for item in items if rep % 2 == 0 else items[::-1]:
+                    yield rep, phase, item
+
+
+def time_runners(runners: list, prompts: dict[str, torch.Tensor], drafts: torch.Tensor, ks: dict[str, list[int]],
+                 args: argparse.Namespace, probe: BandwidthProbe,
+                 spinners: Spinners) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """samples[phase][runner label][key] (keys: see `one_turn`) of the
+    `interleaved` turns, the first --warmup repeats dropped."""
+    samples = {phase: {r.label: {} for r in runners} for phase in ["quiet", "loaded"][: 1 + bool(spinners.n)]}
+    for r in runners:
+        for slot, prompt in prompts.items():
+            r.prefill(prompt, slot)
+    for rep, phase, r in interleaved(runners, args, spinners):
+        if spinners.n:
+            settle(r, prompts, drafts, ks)
+        got = one_turn(r, prompts, drafts, ks, probe)
+        for key, value in got.items() if rep >= args.warmup else ():
+            samples[phase][r.label].setdefault(key, []).append(value)
     return samples
 
 
-def summary(s: dict[str, list[float]], slot: str, ks: list[int], nbytes: int) -> dict:
-    """One runner's figures at one context from its samples `s`. r_k is the
-    median over repeats of t_v(k) / t_step within each repeat: a ratio of two
-    medians can pair calls from a fast and a slow phase of the machine."""
-    steps, bandwidth = s[f"{slot} k=1"], s[f"{slot} bandwidth"]
-    fractions = [nbytes / bw / t for bw, t in zip(bandwidth, steps)]  # each step against its own bound
-    verify = {k: median(s[f"{slot} k={k}"]) for k in ks[1:]}
-    return {
-        "step_bytes": nbytes,
-        "step_s": median(steps),
-        "verify_s": verify,
-        "read_bandwidth_bytes_per_s": median(bandwidth),
-        "bound_s": nbytes / median(bandwidth),
-        "fraction_of_bound": median(fractions),
-        "fraction_of_bound_samples": fractions,
-        "r": {k: median([t / t1 for t, t1 in zip(s[f"{slot} k={k}"], steps)]) for k in ks[1:]},  # paired
-        "r_of_medians": {k: t / median(steps) for k, t in verify.items()},
-    }
-
-
-def entry(s: dict[str, list[float]], ks: dict[str, list[int]], nbytes: dict[str, int]) -> dict:
-    """One runner's samples and figures, at every context slot."""
-    return {"samples": s, "prefill_s": median(s["prefill"]), **{slot: summary(s, slot, ks[slot], n)
-                                                                for slot, n in nbytes.items()}}
-
-
-# ---------------------------------------------------------------------------
-# One model shape, and the simulated speedup
-# ---------------------------------------------------------------------------
+def figures(s: dict[str, list[float]], ks: dict[str, list[int]], nbytes: dict[str, int]) -> dict:
+    """One runner's samples `s` and its figures at every context slot, where
+    a step reads `nbytes[slot]`. r_k is the median over repeats of t_v(k) /
+    t_step within each repeat: a ratio of two medians can pair calls from a
+    fast and a slow phase of the machine."""
+    result = {"samples": s, "prefill_s": median(s["prefill"])}
+    for slot, n in nbytes.items():
+        steps, bandwidth = s[f"{slot} k=1"], s[f"{slot} bandwidth"]
+        fractions = [n / bw / t for bw, t in zip(bandwidth, steps)]  # each step against its own bound
+        verify = {k: median(s[f"{slot} k={k}"]) for k in ks[slot][1:]}
+        result[slot] = {
+            "step_bytes": n, "step_s": median(steps), "verify_s": verify,
+            "read_bandwidth_bytes_per_s": median(bandwidth), "bound_s": n / median(bandwidth),
+            "fraction_of_bound": median(fractions), "fraction_of_bound_samples": fractions,
+            "r": {k: median([t / t1 for t, t1 in zip(s[f"{slot} k={k}"], steps)]) for k in ks[slot][1:]},  # paired
+            "r_of_medians": {k: t / median(steps) for k, t in verify.items()},
+        }
+    return result
 
 
 def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spinners: Spinners) -> dict:
@@ -343,13 +328,13 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
             + (f", step and k = {LONG_K} at {contexts['long']}" if args.long else "")
             + (f", quiet and with {spinners.n} busy core(s)" if spinners.n else "")
             + f" ({args.warmup} warm-up + {args.repeats} repeats) ...")
-        samples = time_interleaved(runners, prompts, drafts, ks, args, probe, spinners)
+        samples = time_runners(runners, prompts, drafts, ks, args, probe, spinners)
 
     result = {"model": name, "weight_bytes": weight_bytes(model, False), "path": fast.status(model),
               "max_abs_logit_diff": diffs, "contexts": contexts,
               "step_bytes": {slot: step_bytes(model, P, False) for slot, P in contexts.items()}}
     for phase, by_label in samples.items():
-        result["implementations" if phase == "quiet" else "loaded"] = {r.label: entry(
+        result["implementations" if phase == "quiet" else "loaded"] = {r.label: figures(
             by_label[r.label], ks, {slot: step_bytes(r.model, P, r.int8) for slot, P in contexts.items()})
             for r in runners}
     del runners, model
@@ -361,9 +346,8 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
     """Greedy speculative decoding of --gen tokens after a SIM_PROMPT-token
     prompt with a `SimulatedDrafter` (alpha SIM_ALPHA, gamma SIM_GAMMA; repeat
     r draws its coins from seed --seed + r, the same in both phases) against
-    `generate`, quiet and loaded:
-    speedup = the median over repeats of baseline / speculative seconds in
-    the same phase of the same repeat."""
+    `generate`, quiet and loaded: speedup = the median over repeats of
+    baseline / speculative seconds in the same phase of the same repeat."""
     say(f"[speedup] {args.draft} -> {args.models[-1]}, simulated alpha {SIM_ALPHA}, gamma {SIM_GAMMA}, "
         f"{args.gen} tokens, quiet and with {spinners.n} busy core(s) ...")
     target = random_model(shape(args.models[-1]), seed=args.seed)
@@ -373,26 +357,22 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
     reference = generate(target, prompt, args.gen)  # (1, P + gen): what the simulated drafter copies
     runs = []  # the SpecStats of every timed speculative run
 
-    def speculative(seed: int):
+    def speculative(seed: int, counted: bool) -> None:
         drafter = SimulatedDrafter(draft, reference, SIM_ALPHA, seed=seed)
         out, stats = speculative_generate(target, drafter, prompt, gamma=SIM_GAMMA, max_new_tokens=args.gen)
         assert torch.equal(out, reference), "greedy speculative output must equal greedy decoding"
-        return stats
+        if counted:
+            runs.append(stats)
 
     seconds = {phase: {"baseline": [], "speculative": []} for phase in ("quiet", "loaded")}
-    for rep in range(args.warmup + args.repeats):
-        say(f"  repeat {rep + 1} of {args.warmup + args.repeats}" + (" (warm-up)" if rep < args.warmup else ""))
-        for phase in ("quiet", "loaded") if rep % 2 == 0 else ("loaded", "quiet"):
-            with spinners.running(phase == "loaded"):
-                box = {}
-                jobs = [("baseline", lambda: generate(target, prompt, args.gen)),
-                        ("speculative", lambda: box.update(stats=speculative(args.seed + rep)))]  # both phases: one luck
-                for kind, job in jobs if rep % 2 == 0 else jobs[::-1]:
-                    t = timed(job)
-                    if rep >= args.warmup:
-                        seconds[phase][kind].append(t)
-                if rep >= args.warmup:
-                    runs.append(box["stats"])
+    for rep, phase, kind in interleaved(["baseline", "speculative"], args, spinners):
+        counted = rep >= args.warmup
+        if kind == "baseline":
+            t = timed(generate, target, prompt, args.gen)
+        else:
+            t = timed(speculative, args.seed + rep, counted)  # both phases of a repeat: the same luck
+        if counted:
+            seconds[phase][kind].append(t)
     result = {"target": args.models[-1], "draft": args.draft, "alpha_sim": SIM_ALPHA, "gamma": SIM_GAMMA,
               "new_tokens": args.gen, "alpha": sum(r.alpha for r in runs) / len(runs),
               "tokens_per_target_call": sum(r.tokens_per_target_call for r in runs) / len(runs)}
@@ -402,11 +382,6 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
                          "baseline_s": median(s["baseline"]), "speculative_s": median(s["speculative"]),
                          "samples": s}
     return result
-
-
-# ---------------------------------------------------------------------------
-# Report
-# ---------------------------------------------------------------------------
 
 
 def ms(seconds: float) -> str:
@@ -440,18 +415,24 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
     if args.long:
         headers += [f"step @{P} (ms)", f"bound @{P} (ms)", f"% of bound @{P}", f"t_v({LONG_K}) @{P} (ms)",
                     f"r_{LONG_K} @{P}"]
-    rows, k_rows = [], []
+    rows, k_rows, comparisons = [], [], []  # comparisons: every other implementation against "ours"
     for res in results:
         for phase, impl in phases(res):
+            o = impl["ours"]
             for label, e in impl.items():
                 row = [ms(e["prefill_s"])]
+                line = (f"- {res['model']}{', ' + phase if args.busy else ''}: {label} / ours: prefill "
+                        f"{e['prefill_s'] / o['prefill_s']:.2f}x")
                 for slot, k in (("short", k5), ("long", LONG_K))[: 1 + bool(args.long)]:
-                    s = e[slot]
+                    s, so = e[slot], o[slot]
                     row += [ms(s["step_s"]), ms(s["bound_s"]), f"{100 * s['fraction_of_bound']:.0f}%",
                             ms(s["verify_s"][k]), f"{s['r'][k]:.2f}"]
+                    line += (", " if slot == "short" else f"; at {P}: ") + (
+                        f"step {s['step_s'] / so['step_s']:.2f}x, t_v({k}) {s['verify_s'][k] / so['verify_s'][k]:.2f}x")
                 rows.append(key(res, phase, label) + row)
                 k_rows.append(key(res, phase, label) + [f"{ms(e['short']['verify_s'][k])} ({e['short']['r'][k]:.2f})"
                                                         for k in args.ks])
+                comparisons += [line] if label != "ours" else []
     lines += ["## Step, verification and the bandwidth bound", "",
               "bound = bytes one step must read (every weight once, plus the cached keys and values; int8 weights: "
               "1 byte each plus their rows' scales) / read bandwidth. % of bound: each step against the bound of the "
@@ -464,21 +445,6 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
               "t_v(k) / t_step: the median over the repeats of each repeat's ratio)", "",
               markdown_table(headers[: 3 if args.busy else 2] + [f"k={k}" for k in args.ks], k_rows), ""]
 
-    comparisons = []
-    for res in results:
-        for phase, impl in phases(res):
-            o = impl["ours"]
-            for label, e in impl.items():
-                if label == "ours":
-                    continue
-                line = (f"- {res['model']}{', ' + phase if args.busy else ''}: {label} / ours: prefill "
-                        f"{e['prefill_s'] / o['prefill_s']:.2f}x, "
-                        f"step {e['short']['step_s'] / o['short']['step_s']:.2f}x, "
-                        f"t_v({k5}) {e['short']['verify_s'][k5] / o['short']['verify_s'][k5]:.2f}x")
-                if args.long:
-                    line += (f"; at {P}: step {e['long']['step_s'] / o['long']['step_s']:.2f}x, t_v({LONG_K}) "
-                             f"{e['long']['verify_s'][LONG_K] / o['long']['verify_s'][LONG_K]:.2f}x")
-                comparisons.append(line)
     if comparisons:
         lines += ["## The others against ours (time ratios; higher: ours faster)", "", *comparisons, ""]
     if speedup:
@@ -495,11 +461,6 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
                        f"{s['baseline_s']:.2f}", f"{s['speculative_s']:.2f}"]
                       for phase, s in ((p, speedup[p]) for p in ("quiet", "loaded"))]), ""]
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------
-# Entry point
-# ---------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -64,8 +64,7 @@ class SweepSettings:
     tree_profile: tuple[float, ...] = (0.15, 0.07)
 
     def __post_init__(self) -> None:
-        for name in ("gammas", "max_gens"):
-            values = getattr(self, name)
+        for name, values in (("gammas", self.gammas), ("max_gens", self.max_gens)):
             if not values or any(not isinstance(v, int) or v < 1 for v in values):
                 raise ValueError(f"{name} must be positive integers, got {values!r}")
         if any(not 0.0 <= a <= 1.0 for a in self.simulate):
@@ -350,10 +349,6 @@ def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Ten
     for (_, _, samples), t in zip(jobs, seconds):
         samples.append(t)
 
-
-# ---------------------------------------------------------------------------
-# Command line
-# ---------------------------------------------------------------------------
 
 # The full sweep, and --quick: a short run of the same grid of gammas.
 FULL = {"prompts": len(PROMPTS), "max_gen": [50, 100, 200, 500], "repeats": 3, "component_calls": 10}

@@ -56,18 +56,10 @@ def to_transformers(model: GPT2):
 def hf_generate(hf_target, input_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, *,
                 assistant=None, gamma: int | None = None) -> torch.Tensor:
     """transformers' plain generate (assistant None) or assisted generation
-    with `assistant` drafting exactly `gamma` tokens per step, no early stop.
-
-    Args:
-        hf_target, assistant: models from `to_transformers`.
-        input_ids: (1, T) prompt.
-        max_new_tokens: exactly this many tokens are generated.
-        sampling: our sampling settings, mapped onto transformers' arguments;
-            transformers samples from torch's global generator (seed it).
-
-    Returns:
-        (1, T + max_new_tokens) LongTensor.
-    """
+    with `assistant` drafting exactly `gamma` tokens per step, no early stop:
+    (1, T) `input_ids` -> (1, T + max_new_tokens) LongTensor. `hf_target` and
+    `assistant` come from `to_transformers`; `sampling` is mapped onto
+    transformers' arguments, which sample from torch's global generator (seed it)."""
     kwargs = {"max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens, "eos_token_id": None,
               "pad_token_id": None, "do_sample": not sampling.greedy}
     if not sampling.greedy:
@@ -80,5 +72,4 @@ def hf_generate(hf_target, input_ids: torch.Tensor, max_new_tokens: int, samplin
         config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
         config.assistant_confidence_threshold = 0.0
         kwargs["assistant_model"] = assistant
-    attention_mask = torch.ones_like(input_ids)  # one unpadded sequence
-    return hf_target.generate(input_ids, attention_mask=attention_mask, **kwargs)
+    return hf_target.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)  # one unpadded sequence

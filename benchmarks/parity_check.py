@@ -18,6 +18,7 @@ broke the end-of-text rule, 2 for a usage error, else 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from dataclasses import asdict, dataclass, field
 
@@ -35,37 +36,33 @@ DEFAULT_TIE_TOLERANCE = 1e-3  # relative to the logit scale; see the module docs
 TIE_EPS_MULTIPLE = 8  # the tolerance is never below 8 eps(dtype) * scale
 
 
-class TargetLogitRecorder:
-    """During one run, keeps for each sequence position the target's logits
-    row that scored the token there: `rows[position]`, (V,) float32 on the
-    CPU, for positions >= first_position. A call that leaves the cache at
-    length L and returns T_out rows scored positions L - T_out + 1 .. L; a
-    later scoring overwrites an earlier one (verification re-scores positions
-    after a rejection, and the last scoring committed the token)."""
+@contextlib.contextmanager
+def target_logits(model: GPT2, *, first_position: int, ignore_cache: KVCache | None = None):
+    """While open, keeps for each sequence position >= first_position the
+    target's logits row that scored the token there: `rows[position]`, (V,)
+    float32 on the CPU, in the dict it yields. A later scoring overwrites an
+    earlier one (verification re-scores positions after a rejection; the last
+    one counts). Calls on `ignore_cache` (the drafter's, when the draft is the
+    target itself) are not the target's."""
+    rows: dict[int, torch.Tensor] = {}
 
-    def __init__(self, model: GPT2, *, first_position: int, ignore_cache: KVCache | None = None) -> None:
-        self.model, self.first_position = model, first_position
-        self.ignore_cache = ignore_cache  # the drafter's cache, when the draft is the target itself
-        self.rows: dict[int, torch.Tensor] = {}
-
-    def __enter__(self) -> TargetLogitRecorder:
-        self.handle = self.model.register_forward_hook(self.record, with_kwargs=True)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.handle.remove()
-
-    def record(self, module: GPT2, args: tuple, kwargs: dict, logits: torch.Tensor) -> None:
+    def record(module: GPT2, args: tuple, kwargs: dict, logits: torch.Tensor) -> None:
         input_ids = args[0] if args else kwargs["input_ids"]
         cache = args[1] if len(args) > 1 else kwargs.get("cache")
-        if cache is not None and cache is self.ignore_cache:
-            return  # a drafting call, not the target's
+        if cache is not None and cache is ignore_cache:
+            return
         assert input_ids.size(0) == 1, "the parity check decodes one sequence at a time"
-        end = cache.length if cache is not None else input_ids.size(1)  # the last position scored
+        end = cache.length if cache is not None else input_ids.size(1)  # (1, T_out, V) scored end - T_out + 1 .. end
         for t in range(logits.size(1)):
             position = end - logits.size(1) + 1 + t
-            if position >= self.first_position:
-                self.rows[position] = logits[0, t].detach().to("cpu", torch.float32, copy=True)  # (V,)
+            if position >= first_position:
+                rows[position] = logits[0, t].detach().to("cpu", torch.float32, copy=True)  # (V,)
+
+    handle = model.register_forward_hook(record, with_kwargs=True)
+    try:
+        yield rows
+    finally:
+        handle.remove()
 
 
 def tokens_after_eos(tokens: list[int], eos_id: int) -> int:
@@ -145,7 +142,8 @@ class PromptResult:
     """Both runs of one prompt in one dtype: their new tokens, the first
     difference (None: identical), the largest logit difference (absolute and
     relative to the logit scale) over the positions whose prefix both runs
-    share, and the speculative run's α and tokens per target call."""
+    share, and the speculative run's α and tokens per target call; then what
+    follows from them, tokens after end-of-text in each run (the rule wants 0)."""
 
     name: str
     prompt_tokens: int
@@ -157,23 +155,16 @@ class PromptResult:
     alpha: float
     tokens_per_target_call: float
     eos_id: int
+    identical: bool = field(init=False)
+    differing_tokens: int = field(init=False)
+    after_eos: dict[str, int] = field(init=False)
+    eos_ok: bool = field(init=False)
 
-    @property
-    def identical(self) -> bool:
-        return self.divergence is None
-
-    @property
-    def differing_tokens(self) -> int:
-        return count_differing(self.baseline, self.speculative)
-
-    @property
-    def after_eos(self) -> dict[str, int]:
-        """Tokens after end-of-text in each run (the rule wants 0)."""
-        return {run: tokens_after_eos(getattr(self, run), self.eos_id) for run in ("baseline", "speculative")}
-
-    @property
-    def eos_ok(self) -> bool:
-        return not any(self.after_eos.values())
+    def __post_init__(self) -> None:
+        self.identical = self.divergence is None
+        self.differing_tokens = count_differing(self.baseline, self.speculative)
+        self.after_eos = {run: tokens_after_eos(getattr(self, run), self.eos_id) for run in ("baseline", "speculative")}
+        self.eos_ok = not any(self.after_eos.values())
 
 
 @dataclass
@@ -208,9 +199,7 @@ class DtypeReport:
         }
 
     def to_dict(self) -> dict:
-        return {"summary": self.summary(), "prompts": [
-            {**asdict(p), "identical": p.identical, "differing_tokens": p.differing_tokens,
-             "after_eos": p.after_eos, "eos_ok": p.eos_ok} for p in self.prompts]}
+        return {"summary": self.summary(), "prompts": [asdict(p) for p in self.prompts]}
 
 
 def row_difference(row_b: torch.Tensor, row_s: torch.Tensor) -> tuple[float, float]:
@@ -251,10 +240,10 @@ def compare_prompt(target: GPT2, draft: GPT2, name: str, prompt_ids: torch.Tenso
     `speculative_generate` (the draft may be the target itself), recording the
     target's logits, and compares the two runs."""
     T = prompt_ids.size(1)
-    with TargetLogitRecorder(target, first_position=T) as base_rec:
+    with target_logits(target, first_position=T) as base_rows:
         baseline_ids = generate(target, prompt_ids, settings.max_new_tokens, eos_id=settings.eos_id)  # (1, T + n)
     drafter = ModelDrafter(draft)
-    with TargetLogitRecorder(target, first_position=T, ignore_cache=drafter.cache) as spec_rec:
+    with target_logits(target, first_position=T, ignore_cache=drafter.cache) as spec_rows:
         spec_ids, stats = speculative_generate(target, drafter, prompt_ids, gamma=settings.gamma,
                                                max_new_tokens=settings.max_new_tokens, eos_id=settings.eos_id)
     baseline, speculative = baseline_ids[0, T:].tolist(), spec_ids[0, T:].tolist()
@@ -262,14 +251,14 @@ def compare_prompt(target: GPT2, draft: GPT2, name: str, prompt_ids: torch.Tenso
     d = first_difference(baseline, speculative)
     divergence = None
     if d is not None:
-        row_b, row_s = base_rec.rows.get(T + d), spec_rec.rows.get(T + d)
+        row_b, row_s = base_rows.get(T + d), spec_rows.get(T + d)
         divergence = explain_divergence(d, Evidence.at(baseline, row_b, d, tokenizer),
                                         Evidence.at(speculative, row_s, d, tokenizer), row_b, row_s,
                                         settings.relative_tolerance(target.dtype))
     # The noise between the two paths: (delta, scale) at every position whose prefix both runs share.
     last_shared = T + (d if d is not None else max(len(baseline), len(speculative)) - 1)
-    noise = [row_difference(base_rec.rows[t], spec_rec.rows[t]) for t in range(T, last_shared + 1)
-             if t in base_rec.rows and t in spec_rec.rows]
+    noise = [row_difference(base_rows[t], spec_rows[t]) for t in range(T, last_shared + 1)
+             if t in base_rows and t in spec_rows]
     max_delta = max((delta for delta, _ in noise), default=0.0)
     max_relative = max((delta / scale if scale > 0 else 0.0 for delta, scale in noise), default=0.0)
     return PromptResult(name, T, baseline, speculative, divergence, max_delta, max_relative, stats.alpha,

@@ -40,8 +40,7 @@ def predicted_speedup_with_start(alpha: float, gamma: int, n: int, t_draft: floa
 
 def pooled(stats: list[SpecStats]) -> SpecStats:
     """Runs as one SpecStats, every counter summed (per-position ones by
-    position), so that its α, accepted_per_drafted and position rates are the
-    pooled ones."""
+    position): its α, accepted_per_drafted and position rates are the pooled ones."""
     total = SpecStats(max((s.gamma for s in stats), default=1))
     for s in stats:
         for f in fields(SpecStats):
@@ -251,6 +250,7 @@ def line_label(alpha_sim: float | None, env: dict) -> str:
 
 
 def save(fig, ax, path: Path) -> None:
+    """Grid, legend and tight layout, then the PNG at 125 dpi."""
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -320,16 +320,15 @@ def write_all(result: SweepResult, folder: Path, env: dict, command: str) -> lis
         "command": command, "environment": env,
         "settings": {"gammas": list(s.gammas), "max_gens": list(s.max_gens), "temperature": s.sampling.temperature,
                      "top_k": s.sampling.top_k, "top_p": s.sampling.top_p, "seed": s.seed, "repeats": s.repeats,
-                     "warmup": s.warmup, "component_calls": s.component_calls, "peer": s.peer,
-                     "trees": list(s.trees), "tree_profile": list(s.tree_profile),
-                     "eos": "ignored: every run emits max_gen tokens"},
+                     "warmup": s.warmup, "component_calls": s.component_calls, "peer": s.peer, "trees": list(s.trees),
+                     "tree_profile": list(s.tree_profile), "eos": "ignored: every run emits max_gen tokens"},
         "prompts": [{"name": name, "tokens": n} for name, n in result.prompts],
         "columns": cols,
         "rows": rows,
         "cells": [{"max_gen": c.max_gen, "gamma": c.gamma, "tree": c.tree, "alpha_sim": c.alpha_sim,
                    "position_acceptance": pooled(c.stats).position_acceptance,
-                   "accepted_hist": pooled(c.stats).accepted_hist,
-                   "spec_seconds": c.spec_seconds, "base_seconds": result.groups[c.max_gen].base_seconds,
+                   "accepted_hist": pooled(c.stats).accepted_hist, "spec_seconds": c.spec_seconds,
+                   "base_seconds": result.groups[c.max_gen].base_seconds,
                    "stats_per_prompt": [st.to_dict() for st in c.stats],
                    **({"hf_spec_seconds": c.hf_spec_seconds,
                        "hf_base_seconds": result.groups[c.max_gen].hf_base_seconds} if s.peer else {})}
