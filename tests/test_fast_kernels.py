@@ -11,12 +11,14 @@ fused parts, 1e-5 for attention.
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from gpt2.fast import build
 from gpt2.fast.accelerator import pack_rows
 from gpt2.fast.quantize import dequantize_rows, quantize_rows_int8
 
@@ -156,16 +158,39 @@ def test_int8_weights_match_the_float64_product(fast_kernels, rows, in_features,
 @pytest.mark.parametrize("int8", [False, True])
 def test_a_row_gets_the_same_bits_whatever_the_rows_beside_it(fast_kernels, int8):
     """Batch invariance of the product: row r of an N-row call is
-    bit-identical to the same row computed alone, for every N."""
+    bit-identical to the same row computed alone, for every N (past the
+    AVX-512 build's 12-row tiles twice, and the AVX2 build's 3-row tiles
+    from 24 rows)."""
     g = torch.Generator().manual_seed(9)
-    x = torch.randn(20, 1280, generator=g)
+    x = torch.randn(30, 1280, generator=g)
     w = torch.randn(96, 1280, generator=g) / 40
     scale = None
     if int8:
         w, scale = quantize_rows_int8(w)
-    alone = torch.cat([kernel_linear(fast_kernels, x[r : r + 1], w, int8_scale=scale) for r in range(20)])
-    for n in range(2, 21):
+    alone = torch.cat([kernel_linear(fast_kernels, x[r : r + 1], w, int8_scale=scale) for r in range(30)])
+    for n in range(2, 31):
         assert torch.equal(kernel_linear(fast_kernels, x[:n], w, int8_scale=scale), alone[:n]), n
+
+
+def test_the_avx2_and_avx512_builds_give_the_same_bits(fast_kernels, tmp_path, monkeypatch):
+    """The AVX-512 build (512-bit registers from 8 rows) sums every output in
+    the AVX2 build's order: a cache shared by two machines, or a model moved
+    between them, gives the same logits."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip("runs both builds: needs a CPU with AVX-512")
+    monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path))
+    cc = build.compiler()
+    kernels = {}
+    for capability in ("AVX2", "AVX512"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        library = build.library_path(cc)
+        build.compile_library(cc, library)
+        kernels[capability] = build.bind(ctypes.CDLL(str(library)), library)
+    g = torch.Generator().manual_seed(10)
+    x, w, b = torch.randn(30, 640, generator=g), torch.randn(200, 640, generator=g) / 25, torch.randn(200, generator=g)
+    for n in (1, 2, 5, 7, 8, 9, 12, 13, 24, 25, 30):
+        avx2, avx512 = (kernel_linear(kernels[c], x[:n], w, b) for c in ("AVX2", "AVX512"))
+        assert torch.equal(avx2, avx512), n
 
 
 # ---------------------------------------------------------------------------

@@ -367,7 +367,7 @@ def test_the_build_is_cached_by_its_recipe(fast_kernels, tmp_path, monkeypatch):
 
 
 def test_avx512_builds_its_own_library_and_avx2_cpus_never_get_it(monkeypatch):
-    """The AVX-512 flags (8-row tiles in linear.c) go only to a CPU PyTorch
+    """The AVX-512 flags (512-bit tiles in linear.c) go only to a CPU PyTorch
     counts as AVX512, and they are part of the library's name: a kernel cache
     shared with an AVX2-only machine cannot hand it the AVX-512 build."""
     paths = {}

@@ -40,7 +40,7 @@ HEADERS = (CSRC / "vector_math.h",)  # included by the sources: part of the reci
 # and torch.set_num_threads applies to the kernels too.
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 # Where the CPU has AVX-512 (as PyTorch counts it: F, BW, VL, DQ), the kernels may also use its 32 vector
-# registers: linear.c then takes 8 rows per tile. The flags are part of the library's name, so a cache
+# registers and 512-bit multiply-adds (linear.c, from 8 rows). The flags are part of the library's name, so a cache
 # shared with an AVX2-only machine never hands it this build.
 AVX512_FLAGS = ("-mavx512f", "-mavx512vl")
 LIBRARIES = ("-lm",)

@@ -22,14 +22,17 @@
  * of multiply-adds, so that each need not wait for its previous one (one
  * output alone is latency-bound). Two rows, and MANY_ROWS or more, take the
  * four outputs against tiles of up to 3 rows; in between, the group's two
- * pairs of outputs take turns against tiles of up to 7 rows (8 with AVX-512VL)
- * (`group_all_rows` says why).
+ * pairs of outputs take turns against tiles of up to 7 rows
+ * (`group_all_rows` says why). Where the library is built for AVX-512
+ * (build.py), WIDE_FROM_ROWS rows or more take 512-bit registers, each
+ * holding two outputs' blocks (`group_tile_wide`): half the multiply-adds.
  *
  * Batch invariance: every output y[r][o] is summed in one fixed order, the
  * same whatever N is and whichever rows share its tile: 8 lane sums over k
  * in order (int8: two sets of lane sums, even and odd blocks, added at the
  * end), then `sum8`, then the scale and the bias. A position's logits are
- * therefore bit-identical in a decode step, a verification pass or a batch.
+ * therefore bit-identical in a decode step, a verification pass or a batch,
+ * and in the AVX2 and AVX-512 builds.
  *
  * Work split: groups of outputs in chunks handed out dynamically (OpenMP), so that
  * a thread slowed by another process on its core takes fewer chunks instead
@@ -45,17 +48,10 @@
 #include "vector_math.h"
 
 /* A tile: one pair of outputs times up to 7 rows of x, 14 accumulators + 2
- * registers of W in AVX2's 16 registers; where AVX-512VL gives 32 of them
- * (build.py compiles for it where the CPU has it), 8 rows, so that 8 rows
- * (a batch of 8, or gamma = 7) are one tile instead of 7 + a slow single row.
- * int8 keeps two sets of accumulators (a multiply-add then never waits for
- * the previous one; the int8 loop is bound by that latency), so its tiles
- * take 3 rows. */
-#ifdef __AVX512VL__
-#define FLOAT_TILE_ROWS 8
-#else
+ * registers of W in AVX2's 16 registers. int8 keeps two sets of accumulators
+ * (a multiply-add then never waits for the previous one; the int8 loop is
+ * bound by that latency), so its tiles take 3 rows. */
 #define FLOAT_TILE_ROWS 7
-#endif
 #define INT8_TILE_ROWS 3
 #define SIDE_BY_SIDE_ROWS 3 /* rows of a tile that takes a group's four outputs at once */
 #define MANY_ROWS 24 /* from here on, 4 outputs x SIDE_BY_SIDE_ROWS rows per tile */
@@ -65,6 +61,13 @@
  * arithmetic per byte that the core alone keeps too few loads in flight.
  * At N = 1 the hardware prefetcher does better alone. */
 #define PREFETCH_BYTES 8192
+/* ... and, in the AVX-512 build, this far ahead into L1 as well: its loops
+ * take W faster than L1's own prefetcher brings it from L2. */
+#ifdef __AVX512F__
+#define L1_PREFETCH_BYTES 4096
+#else
+#define L1_PREFETCH_BYTES 0
+#endif
 /* Chunks of groups per thread, handed out dynamically. */
 #define CHUNKS_PER_THREAD 2
 
@@ -84,6 +87,14 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const void *w_g
     const int64_t bytes_per_block = GROUP * 8 * (int8 ? 1 : 4);
     for (int64_t line = 0; line < sets * bytes_per_block; line += 64)
         _mm_prefetch((const char *)w_group + k * bytes_per_block + line + PREFETCH_BYTES, _MM_HINT_T2);
+}
+
+/* Prefetches into L1 the float32 group's block L1_PREFETCH_BYTES ahead of block k (two cache lines). */
+static inline __attribute__((always_inline)) void prefetch_near(const void *w_group, int64_t k) {
+    if (L1_PREFETCH_BYTES == 0) return;
+    const char *line = (const char *)w_group + k * GROUP * 8 * 4 + L1_PREFETCH_BYTES;
+    _mm_prefetch(line, _MM_HINT_T0);
+    _mm_prefetch(line + 64, _MM_HINT_T0);
 }
 
 /* y[o + j] = scale[o + j] sum8(lane sums) + bias[o + j]: the last steps of
@@ -130,7 +141,10 @@ static inline __attribute__((always_inline)) void pair_blocks(
     __m256 a0[2 * FLOAT_TILE_ROWS], a1[2 * FLOAT_TILE_ROWS];
     for (int a = 0; a < n_rows * sets; a++) a0[a] = acc0[a], a1[a] = acc1[a];
     for (int64_t k = k_begin; k < k_end; k += sets) {
-        if (n_rows > 1 && h == 0) prefetch_ahead(w_group, k, sets, int8); /* the first pair's turn, for both */
+        if (n_rows > 1 && h == 0) { /* the first pair's turn, for both */
+            prefetch_ahead(w_group, k, sets, int8);
+            if (!int8) prefetch_near(w_group, k);
+        }
         for (int set = 0; set < sets && k + set < k_end; set++) {
             const __m256 w0 = load_block(w_group, k + set, h, int8), w1 = load_block(w_group, k + set, h + 1, int8);
             for (int r = 0; r < n_rows; r++) {
@@ -165,6 +179,76 @@ static inline __attribute__((always_inline)) void group_tile(
                          scale, bias, out, o + j);
 }
 
+#ifdef __AVX512F__
+#define WIDE_FROM_ROWS 8 /* float32 passes of this many rows or more take `group_all_rows_wide` */
+#define WIDE_TILE_ROWS 12 /* 24 accumulators + 2 registers of W + 1 of x, of 32 */
+
+/* x[8k : 8k + 8] in both halves of a 512-bit register. */
+static inline __attribute__((always_inline)) __m512 load_twice(const float *x) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)x)));
+}
+
+/* Lanes 0-7 and 8-15 of a 512-bit register, as two 256-bit ones. */
+static inline __attribute__((always_inline)) __m256 low_half(__m512 v) { return _mm512_castps512_ps256(v); }
+static inline __attribute__((always_inline)) __m256 high_half(__m512 v) {
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
+/* y[r][o .. o + 3] for n_rows rows of x (float32 W), with 512-bit registers:
+ * block k of outputs o + 2p and o + 2p + 1 are 16 consecutive floats of the
+ * packed group, so one register holds both, multiplied by x[r][8k : 8k + 8]
+ * in both halves. Lanes 0-7 are output o + 2p's 8 lane sums over k in order,
+ * lanes 8-15 output o + 2p + 1's: the sums of the 256-bit loops, bit for
+ * bit, at half the multiply-adds. */
+static inline __attribute__((always_inline)) void group_tile_wide(
+    const float *x, const float *w_group, const float *bias, float *y,
+    int64_t in, int64_t out, int64_t o, const int n_rows) {
+    const int64_t blocks = in / 8;
+    __m512 acc[2][WIDE_TILE_ROWS]; /* [pair p][row r] */
+    for (int p = 0; p < 2; p++)
+        for (int r = 0; r < n_rows; r++) acc[p][r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < blocks; k++) {
+        prefetch_ahead(w_group, k, 1, 0);
+        prefetch_near(w_group, k);
+        const __m512 w01 = _mm512_loadu_ps(w_group + GROUP * 8 * k);      /* outputs o, o + 1 */
+        const __m512 w23 = _mm512_loadu_ps(w_group + GROUP * 8 * k + 16); /* outputs o + 2, o + 3 */
+        for (int r = 0; r < n_rows; r++) {
+            const __m512 xr = load_twice(x + r * in + 8 * k);
+            acc[0][r] = _mm512_fmadd_ps(w01, xr, acc[0][r]);
+            acc[1][r] = _mm512_fmadd_ps(w23, xr, acc[1][r]);
+        }
+    }
+    for (int p = 0; p < 2; p++)
+        for (int r = 0; r < n_rows; r++) {
+            store_output(y + r * out, low_half(acc[p][r]), NULL, bias, out, o + 2 * p);
+            store_output(y + r * out, high_half(acc[p][r]), NULL, bias, out, o + 2 * p + 1);
+        }
+}
+
+/* A float32 group's four outputs for all N rows, in tiles of up to WIDE_TILE_ROWS rows. */
+static inline __attribute__((always_inline)) void group_all_rows_wide(
+    const float *x, const float *w_group, const float *bias, float *y, int64_t n, int64_t in, int64_t out, int64_t o) {
+    for (int64_t r0 = 0; r0 < n; r0 += WIDE_TILE_ROWS) {
+        const float *xt = x + r0 * in;
+        float *yt = y + r0 * out;
+        switch (n - r0 < WIDE_TILE_ROWS ? n - r0 : WIDE_TILE_ROWS) { /* the row count a constant in each copy */
+            case 1: group_tile_wide(xt, w_group, bias, yt, in, out, o, 1); break;
+            case 2: group_tile_wide(xt, w_group, bias, yt, in, out, o, 2); break;
+            case 3: group_tile_wide(xt, w_group, bias, yt, in, out, o, 3); break;
+            case 4: group_tile_wide(xt, w_group, bias, yt, in, out, o, 4); break;
+            case 5: group_tile_wide(xt, w_group, bias, yt, in, out, o, 5); break;
+            case 6: group_tile_wide(xt, w_group, bias, yt, in, out, o, 6); break;
+            case 7: group_tile_wide(xt, w_group, bias, yt, in, out, o, 7); break;
+            case 8: group_tile_wide(xt, w_group, bias, yt, in, out, o, 8); break;
+            case 9: group_tile_wide(xt, w_group, bias, yt, in, out, o, 9); break;
+            case 10: group_tile_wide(xt, w_group, bias, yt, in, out, o, 10); break;
+            case 11: group_tile_wide(xt, w_group, bias, yt, in, out, o, 11); break;
+            default: group_tile_wide(xt, w_group, bias, yt, in, out, o, WIDE_TILE_ROWS); break;
+        }
+    }
+}
+#endif
+
 /* A group's four outputs for all N rows, in tiles of rows (the group's
  * weights stay in cache across the tiles). Which tile depends on N: the
  * four outputs side by side for one row or two (few sums in flight
@@ -197,7 +281,6 @@ static inline __attribute__((always_inline)) void group_all_rows(
             case 4: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 4, 0); break;
             case 5: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 5, 0); break;
             case 6: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 6, 0); break;
-            case 7: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, 7, 0); break;
             default: if (!int8) group_tile(xt, w_group, scale, bias, yt, in, out, o, FLOAT_TILE_ROWS, 0); break;
         }
     }
@@ -273,6 +356,10 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
             const void *w_group = (const char *)packed + g * group_bytes;
             if (scale)
                 group_all_rows(x, w_group, scale, bias, y, n, in, out, GROUP * g, 1);
+#ifdef __AVX512F__
+            else if (n >= WIDE_FROM_ROWS)
+                group_all_rows_wide(x, (const float *)w_group, bias, y, n, in, out, GROUP * g);
+#endif
             else
                 group_all_rows(x, w_group, NULL, bias, y, n, in, out, GROUP * g, 0);
         }
