@@ -2,13 +2,14 @@
 decoding slower? Each checkout runs in its own worker process (its own
 `gpt2` and `spec_decoding`, the same random weights); the driver asks them in
 turn, the order reversed every other repeat, so that the machine's swings in
-speed fall on both alike. Reported: the decode step and t_v(5) on a
-100-token cache, r_5, plain greedy decoding, and speculative decoding with a
-simulated draft (alpha 0.8, gamma 4), each as after / before ratios paired
-within a repeat.
+speed fall on both alike. Reported: the decode step and t_v(k) (k in --ks,
+default 5) on a 100-token cache, r_k, a step of B rows (--rows), plain greedy
+decoding, and speculative decoding with a simulated draft (alpha 0.8, gamma
+4), each as after / before ratios paired within a repeat.
 
     git worktree add /tmp/before cd36fce
     python -m benchmarks.compare_commits /tmp/before .
+    python -m benchmarks.compare_commits /tmp/before . --ks 5 8 16 32 --rows 8
     python -m benchmarks.compare_commits /tmp/before . --tiny --repeats 1    # a smoke run
 
 The workers import only names both sides have (a checkout from before
@@ -36,6 +37,7 @@ from spec_decoding import speculative_generate
 from spec_decoding.drafters import SimulatedDrafter
 
 target_name, draft_name, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ks, rows = [int(k) for k in sys.argv[4].split(",")], int(sys.argv[5])
 
 def build(name, seed):
     config = preset(name)
@@ -67,24 +69,27 @@ class SameLuck(SimulatedDrafter):
 target, draft = build(target_name, 0), build(draft_name, 1)
 V = target.config.vocab_size
 g = torch.Generator().manual_seed(1)
-prefix, drafts, prompt = (torch.randint(V, (1, n), generator=g) for n in (100, 5, 20))
-cache = target.new_cache(1)
+prefix, drafts, prompt = (torch.randint(V, (1, n), generator=g) for n in (100, max(ks), 20))
+cache, batch = target.new_cache(1), target.new_cache(rows)
 
-def verify(k):
+def verify(k, cache=cache, tokens=drafts):
     t0 = time.perf_counter()
-    target(drafts[:, :k], cache)
+    target(tokens[:, :k], cache)
     seconds = time.perf_counter() - t0
     cache.rewind(100)
     return seconds
 
 with torch.inference_mode():
     target(prefix, cache)
-    verify(1), verify(5)
+    target(prefix.expand(rows, -1), batch)
+    batch_step = lambda: verify(1, batch, drafts[:, :1].expand(rows, -1))
+    verify(1), batch_step(), [verify(k) for k in ks]
     reference = generate(target, prompt, new_tokens)
     print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() == "costs":
-            print(json.dumps({"step": verify(1), "verify5": verify(5)}), flush=True)
+            print(json.dumps({"step": verify(1), "rows": batch_step(), **{f"k={k}": verify(k) for k in ks}}),
+                  flush=True)
             continue
         t0 = time.perf_counter()
         plain = generate(target, prompt, new_tokens)
@@ -103,25 +108,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("after", help="the checkout with the change (a folder)")
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per decoding run")
+    p.add_argument("--ks", type=int, nargs="+", default=[5], help="verification passes timed, in tokens (default 5)")
+    p.add_argument("--rows", type=int, default=8, help="rows of the batched decode step timed (default 8)")
     p.add_argument("--tiny", action="store_true", help="the distilgpt2 -> gpt2 shapes, for a smoke run")
     args = p.parse_args(argv)
     for folder in (args.before, args.after):
         if not (Path(folder) / "gpt2" / "model.py").is_file():
             raise ValueError(f"{folder} is not a checkout of this project (no gpt2/model.py): pass its folder")
-    if args.repeats < 1 or args.new_tokens < 1:
-        raise ValueError("--repeats and --new-tokens must be >= 1")
+    if min(args.repeats, args.new_tokens, args.rows, *args.ks) < 1:
+        raise ValueError("--repeats, --new-tokens, --rows and --ks must be >= 1")
     target, draft = ("gpt2", "distilgpt2") if args.tiny else ("gpt2-large", "gpt2")
 
     sides = {}
     for name, folder in (("before", args.before), ("after", args.after)):
         worker = subprocess.Popen(
-            [sys.executable, "-c", WORKER, target, draft, str(args.new_tokens)], cwd=folder,
+            [sys.executable, "-c", WORKER, target, draft, str(args.new_tokens), ",".join(map(str, args.ks)),
+             str(args.rows)], cwd=folder,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
         if worker.stdout.readline().strip() != "ready":
             raise ValueError(f"the worker in {folder} did not start (its error is above)")
         sides[name] = worker
-    samples = {name: [] for name in sides}  # per repeat: {step, verify5, plain, speculative}
+    samples = {name: [] for name in sides}  # per repeat: {step, rows, k=..., plain, speculative}
 
     def ask(worker: subprocess.Popen, command: str) -> dict:
         worker.stdin.write(command + "\n")
@@ -133,23 +141,22 @@ def main(argv: list[str] | None = None) -> int:
         costs = {name: [ask(worker, "costs") for _ in range(3)] for name, worker in order}
         runs = {name: ask(worker, "runs") for name, worker in order}
         for name in sides:
-            samples[name].append({
-                "step": median(c["step"] for c in costs[name]), "verify5": median(c["verify5"] for c in costs[name]),
-                **runs[name],
-            })
+            samples[name].append({key: median(c[key] for c in costs[name]) for key in costs[name][0]} | runs[name])
         print(f"repeat {repeat + 1} of {args.repeats}", file=sys.stderr, flush=True)
     for worker in sides.values():
         worker.stdin.close()
         worker.wait()
 
     print(f"{target} target, {draft} draft, {args.repeats} interleaved repeats (medians)")
-    for name, rows in samples.items():
-        print(f"{name:>6}: step {1e3 * median(r['step'] for r in rows):.1f} ms, "
-              f"t_v(5) {1e3 * median(r['verify5'] for r in rows):.1f} ms, "
-              f"r_5 {median(r['verify5'] / r['step'] for r in rows):.3f}, "
-              f"speedup at alpha 0.8, gamma 4: {median(r['plain'] / r['speculative'] for r in rows):.2f}x")
-    for key, label in (("step", "step"), ("verify5", "t_v(5)"), ("plain", "plain decoding"),
-                       ("speculative", "speculative decoding")):
+    for name, runs in samples.items():
+        passes = "".join(f"t_v({k}) {1e3 * median(r[f'k={k}'] for r in runs):.1f} ms, "
+                         f"r_{k} {median(r[f'k={k}'] / r['step'] for r in runs):.3f}, " for k in args.ks)
+        print(f"{name:>6}: step {1e3 * median(r['step'] for r in runs):.1f} ms, {passes}"
+              f"step of {args.rows} rows {median(r['rows'] / r['step'] for r in runs):.3f}x one row, "
+              f"speedup at alpha 0.8, gamma 4: {median(r['plain'] / r['speculative'] for r in runs):.2f}x")
+    labels = {"step": "step", **{f"k={k}": f"t_v({k})" for k in args.ks}, "rows": f"step of {args.rows} rows",
+              "plain": "plain decoding", "speculative": "speculative decoding"}
+    for key, label in labels.items():
         ratio = median(a[key] / b[key] for a, b in zip(samples["after"], samples["before"]))
         print(f"after / before, {label} time: {ratio:.3f}")
     return 0

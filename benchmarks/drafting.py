@@ -8,8 +8,7 @@ Parts (--parts, all by default):
   draft model (gpt2 shape), simulated α in --alphas: the speedup over plain
   decoding of auto, of every fixed γ in --gammas (the best one found in the
   same run) and of the heuristic. auto learns α online from its own steps
-  (it is never told the simulated α), and corrects its calibrated costs by
-  its steps' timings ('auto, calibration only' does not). Then at α = --int8-alpha the same with
+  (it is never told the simulated α). Then at α = --int8-alpha the same with
   the draft's weights in int8 (the target stays float32, so the output does).
   Timed runs see few realisations of the coins, so the same comparison is
   also made in expectation, over --model-seeds coin strings, by pricing each
@@ -207,8 +206,6 @@ def part_simulated(args, target, drafts: dict[str, GPT2], costs: dict[str, StepC
         methods = {f"fixed {g}": spec_run(target, drafter(), ids, args.max_gen, lambda g=g: FixedGamma(g))
                    for g in args.gammas}
         methods["auto"] = spec_run(target, drafter(), ids, args.max_gen, lambda c=costs[draft_name]: AutoGamma(c))
-        methods["auto, calibration only"] = spec_run(
-            target, drafter(), ids, args.max_gen, lambda c=costs[draft_name]: AutoGamma(c, learn_costs=False))
         methods["heuristic"] = spec_run(target, drafter(), ids, args.max_gen, HeuristicGamma)
         print(f"simulated: draft {draft_name}, alpha {alpha}", file=sys.stderr, flush=True)
         out[f"{draft_name} alpha {alpha}"] = {
@@ -298,15 +295,14 @@ def simulated_table(results: dict) -> str:
             case["draft"], f"{case['alpha']:.1f}", f"{statistics.median(runs['plain']['seconds']):.2f}",
             f"{auto['speedup']:.2f}x", gamma_summary_dict(auto), f"{auto['alpha']:.2f}",
             f"{best.removeprefix('fixed ')}", f"{fixed[best]:.2f}x", f"{auto['speedup'] / fixed[best]:.3f}",
-            "n/a" if held_out is None else f"{auto['speedup'] / held_out:.3f}",
-            f"{runs['auto, calibration only']['speedup']:.2f}x", f"{heuristic['speedup']:.2f}x",
+            "n/a" if held_out is None else f"{auto['speedup'] / held_out:.3f}", f"{heuristic['speedup']:.2f}x",
             f"{modelled['auto'] / modelled[best_modelled]:.3f} (best {best_modelled.removeprefix('fixed ')})",
             f"{modelled['heuristic'] / modelled[best_modelled]:.3f}",
         ])
     return markdown_table(
         ["draft", "sim. α", "plain s", "auto", "auto: K asked (K:steps)", "measured α", "best fixed γ",
-         "its speedup", "auto / best", "auto / best held out", "auto, calibration only", "+2/-1",
-         "cost model: auto / best", "cost model: +2/-1 / best"], rows)
+         "its speedup", "auto / best", "auto / best held out", "+2/-1", "cost model: auto / best",
+         "cost model: +2/-1 / best"], rows)
 
 
 def gamma_summary_dict(counts: dict) -> str:
@@ -476,10 +472,9 @@ def main(argv: list[str] | None = None) -> int:
         report["costs"] = {name: {"t_draft": c.t_draft, "t_verify": c.t_verify} for name, c in costs.items()}
         report["simulated"] = part_simulated(args, target, drafts, costs, ids)
         lines += ["## auto against fixed γ and +2/-1 (simulated α)", "", simulated_table(report["simulated"]), "",
-                  "Speedups: timed, against the plain runs just before and after (medians over repeats). auto "
-                  "corrects the calibrated costs by its own steps' timings; 'calibration only' does not. 'best held "
-                  "out': in each repeat, the fixed γ best over the other repeats, at its ratio in that repeat (the "
-                  "best of several noisy medians is biased upward). Every "
+                  "Speedups: timed, against the plain runs just before and after (medians over repeats). 'best "
+                  "held out': in each repeat, the fixed γ best over the other repeats, at its ratio in that repeat "
+                  "(the best of several noisy medians is biased upward). Every "
                   "method's r-th run sees the same simulated coins (one per position, seed --seed + r); measured "
                   "α and the K auto asked: over every repeat. Cost model: each run's own steps priced at the "
                   "costs calibrated below, max_gen t_v(1) / sum of (K t_d + t_v(K + 1)), medians over repeats: "

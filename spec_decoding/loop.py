@@ -193,7 +193,6 @@ def speculative_generate(
         emitted_drafts = min(verdict.num_accepted, len(new))  # fewer if an accepted draft was end-of-text
         stats.record_step(drafted, emitted_drafts, target_token=len(new) > emitted_drafts)
         schedule.update(drafted, verdict.num_accepted)
-        schedule.timed(drafted, proposal.forward_calls, t1 - t0, t2 - t1)
         stats.draft_calls += proposal.forward_calls
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1

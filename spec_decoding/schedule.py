@@ -5,10 +5,10 @@ Legend: K = tokens drafted in a step (γ), α = acceptance rate, α̂ = its esti
 - `FixedGamma`: K = γ every step (Leviathan et al. 2023).
 - `AutoGamma`: the K that maximises the expected tokens per second,
   E(α, K) / (K t_d + t_v(K + 1)), with E from Leviathan et al. 2023, eq. 1,
-  the costs measured on this machine (costs.py) and corrected by the run's
-  own timings, and the expectation taken over what the steps so far say of
-  α (a Beta distribution around the running estimate α̂). K = 0, a plain
-  target step, is chosen when drafting cannot pay.
+  the costs measured on this machine (costs.py), and the expectation taken
+  over what the steps so far say of α (a Beta distribution around the
+  running estimate α̂). K = 0, a plain target step, is chosen when drafting
+  cannot pay.
 - `HeuristicGamma`: Hugging Face's `num_assistant_tokens_schedule="heuristic"`,
   K + 2 after a step that accepted every draft, K - 1 otherwise.
 
@@ -19,7 +19,6 @@ identical to the target's, sampling exactly the target's distribution.
 
 from __future__ import annotations
 
-import statistics
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -55,11 +54,6 @@ class GammaSchedule(ABC):
     def update(self, drafted: int, accepted: int) -> None:
         """The outcome of a step: `drafted` tokens proposed, the first
         `accepted` of them accepted by the target."""
-
-    def timed(self, drafted: int, draft_calls: int, draft_seconds: float, verify_seconds: float) -> None:
-        """What the step cost: `draft_calls` draft forward passes in
-        `draft_seconds`, then one target pass over drafted + 1 tokens (with
-        the acceptance rule) in `verify_seconds`."""
 
     @abstractmethod
     def describe(self) -> str:
@@ -127,23 +121,11 @@ class AutoGamma(GammaSchedule):
     if that makes drafting pay, drafting is tried again (a step that stopped
     drafting because α̂ fell is not final).
 
-    The calibrated costs describe the machine when they were measured; a
-    shared machine's memory gets faster or slower within seconds, and a pass
-    over many tokens turns compute-bound when memory is fast. So each cost is
-    also learnt from the run's own steps (`learn_costs`): t_d is the median of
-    its calibrated value and the last SEEN draft passes, t_v(k) the median of
-    its calibrated value and the last SEEN passes over k tokens. A pass never
-    run keeps its calibrated cost; the calibration is one vote, outvoted once
-    a kind of pass has been seen twice.
-
     Args:
         costs: t_d and t_v(k) for k up to max_gamma + 1 (`costs.calibrate`).
         max_gamma: the largest K considered.
         prior_alpha, prior_weight, window: as above.
-        learn_costs: correct the costs by the steps' timings (`timed`).
     """
-
-    SEEN = 5  # timings kept per kind of pass
 
     def __init__(
         self,
@@ -153,7 +135,6 @@ class AutoGamma(GammaSchedule):
         prior_alpha: float = 0.6,
         prior_weight: float = 4.0,
         window: int = 32,
-        learn_costs: bool = True,
     ) -> None:
         self.max_gamma = check_integer(max_gamma, "max_gamma", 1)
         if costs.max_tokens < self.max_gamma + 1:
@@ -169,9 +150,6 @@ class AutoGamma(GammaSchedule):
         self.prior_alpha = prior_alpha
         self.prior_weight = prior_weight
         self.outcomes: deque[tuple[int, int]] = deque(maxlen=check_integer(window, "window", 1))  # (accepted, judged)
-        self.learn_costs = learn_costs
-        self.seen_draft: deque[float] = deque(maxlen=self.SEEN)  # seconds of one draft pass, latest last
-        self.seen_verify = [deque(maxlen=self.SEEN) for _ in costs.t_verify]  # [k - 1]: passes over k tokens
 
     @property
     def beta(self) -> tuple[float, float]:
@@ -188,32 +166,13 @@ class AutoGamma(GammaSchedule):
         a, b = self.beta
         return a / (a + b)
 
-    @property
-    def current_costs(self) -> StepCosts:
-        """The calibrated costs, each the median of its calibrated value and
-        the latest timings of its kind of pass (the calibration alone
-        without `learn_costs`)."""
-        if not self.learn_costs:
-            return self.costs
-        return StepCosts(
-            t_draft=statistics.median([self.costs.t_draft, *self.seen_draft]),
-            t_verify=tuple(statistics.median([t, *seen]) for t, seen in zip(self.costs.t_verify, self.seen_verify)),
-        )
-
     def choose(self) -> int:
         a, b = self.beta
-        costs = self.current_costs
-        return fastest(lambda K: posterior_tokens(a, b, K) / costs.step_seconds(K), self.max_gamma)
+        return fastest(lambda K: posterior_tokens(a, b, K) / self.costs.step_seconds(K), self.max_gamma)
 
     def update(self, drafted: int, accepted: int) -> None:
         judged = min(accepted + 1, drafted)  # the accepted drafts and the first rejected one
         self.outcomes.append((accepted, judged))
-
-    def timed(self, drafted: int, draft_calls: int, draft_seconds: float, verify_seconds: float) -> None:
-        if draft_calls > 0:
-            self.seen_draft.append(draft_seconds / draft_calls)
-        if drafted < len(self.seen_verify):
-            self.seen_verify[drafted].append(verify_seconds)
 
     def describe(self) -> str:
         return "auto"

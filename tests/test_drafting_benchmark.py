@@ -27,7 +27,7 @@ def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path, prompt_to
     assert "## auto against fixed γ and +2/-1 (simulated α)" in report
     assert "| float32 | 0.8 |" in report and "| int8 | 0.8 |" in report
     runs = json.loads((out / "drafting.json").read_text(encoding="utf-8"))["simulated"]["float32 alpha 0.8"]["runs"]
-    assert set(runs) == {"fixed 2", "fixed 3", "auto", "auto, calibration only", "heuristic", "plain"}
+    assert set(runs) == {"fixed 2", "fixed 3", "auto", "heuristic", "plain"}
     assert all(len(runs[name]["ratios"]) == 2 for name in ("fixed 2", "fixed 3", "auto", "heuristic"))
     assert all(len(runs[name]["modelled"]) == 2 for name in ("fixed 2", "fixed 3", "auto", "heuristic"))
     # α and the K asked count both repeats, not only the last run's counters.

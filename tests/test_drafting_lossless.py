@@ -55,7 +55,7 @@ class RecordingAutoGamma(AutoGamma):
     """AutoGamma that counts its choices."""
 
     def __init__(self) -> None:
-        super().__init__(COSTS, max_gamma=4, window=2, prior_weight=1.0, learn_costs=False)  # COSTS are made up
+        super().__init__(COSTS, max_gamma=4, window=2, prior_weight=1.0)
         self.choices = [0] * 5
 
     def choose(self) -> int:

@@ -19,15 +19,7 @@ import torch
 
 import spec_decoding.costs
 from gpt2 import GPT2Config
-from spec_decoding import (
-    AutoGamma,
-    FixedGamma,
-    HeuristicGamma,
-    StepCosts,
-    best_gamma,
-    calibrate,
-    speculative_generate,
-)
+from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, StepCosts, best_gamma, calibrate
 from spec_decoding.costs import non_decreasing
 from spec_decoding.drafters import ModelDrafter, NgramDrafter
 from spec_decoding.schedule import expected_rate, make_schedule, posterior_tokens
@@ -172,80 +164,6 @@ def test_auto_follows_the_acceptance_rate_and_comes_back_after_plain_steps():
     assert schedule.alpha_estimate == pytest.approx(0.6) and schedule.choose() == at_prior
 
 
-# ---------------------------------------------------------------------------
-# Costs learnt from the run's own timings
-# ---------------------------------------------------------------------------
-
-
-def run_against(schedule: AutoGamma, true_costs: StepCosts, steps: int) -> list[int]:
-    """The K chosen over `steps` steps whose passes cost `true_costs`, each
-    step's timings reported to the schedule (every draft accepted: α̂ stays
-    put as far as the prior is sure)."""
-    chosen = []
-    for _ in range(steps):
-        K = schedule.choose()
-        chosen.append(K)
-        schedule.timed(K, K, K * true_costs.t_draft, true_costs.t_verify[K])
-    return chosen
-
-
-def test_auto_learns_that_long_passes_cost_more_than_calibrated():
-    # Calibrated when memory was slow: long passes looked nearly free. Now
-    # passes over 4 or more tokens cost 3x as much. At α 0.8 (a prior that
-    # leaves no doubt) the calibration says K = 5; the true costs say K = 2.
-    calibrated = linear_costs(0.1, 1.0, 0.05)
-    true_costs = StepCosts(t_draft=0.1, t_verify=tuple(t * (3 if k >= 4 else 1)
-                                                       for k, t in enumerate(calibrated.t_verify, 1)))
-    assert best_gamma(0.8, calibrated, 12) == 5 and best_gamma(0.8, true_costs, 12) == 2
-    learning = AutoGamma(calibrated, prior_alpha=0.8, prior_weight=1e12)
-    chosen = run_against(learning, true_costs, 30)
-    # It tries the passes the calibration made look cheap, finds each dear, and settles at the true best.
-    assert chosen[0] == 5 and chosen[-10:] == [2] * 10
-    seen_once = learning.current_costs.t_verify[5]  # K = 5: one timing against the calibration
-    assert seen_once == pytest.approx((calibrated.t_verify[5] + true_costs.t_verify[5]) / 2)
-    assert learning.current_costs.t_verify[12] == calibrated.t_verify[12]  # never run: as calibrated
-    fixed = AutoGamma(calibrated, prior_alpha=0.8, prior_weight=1e12, learn_costs=False)
-    assert run_against(fixed, true_costs, 30) == [5] * 30
-
-
-def test_auto_learns_a_dearer_draft_and_one_timing_is_not_enough():
-    calibrated = linear_costs(0.02, 1.0, 0.05)
-    schedule = AutoGamma(calibrated, prior_alpha=0.6, prior_weight=1e12)
-    assert schedule.choose() == best_gamma(0.6, calibrated, 12) == 4
-    # A draft pass now costs 0.6, not 0.02: drafting no longer pays at α 0.6 (K = 1: 1.6 / 1.65 < 1).
-    schedule.timed(drafted=4, draft_calls=4, draft_seconds=2.4, verify_seconds=calibrated.t_verify[4])
-    assert schedule.current_costs.t_draft == pytest.approx((0.02 + 0.6) / 2)  # one timing against the calibration
-    assert schedule.choose() > 0
-    schedule.timed(drafted=2, draft_calls=3, draft_seconds=1.8, verify_seconds=calibrated.t_verify[2])  # p_min stop
-    assert schedule.current_costs.t_draft == pytest.approx(0.6)  # two outvote it
-    assert schedule.choose() == 0
-    # A plain step and a drafter without passes (prompt lookup) tell nothing of t_d.
-    schedule.timed(drafted=0, draft_calls=0, draft_seconds=0.0, verify_seconds=1.0)
-    schedule.timed(drafted=4, draft_calls=0, draft_seconds=0.0, verify_seconds=1.15)
-    assert schedule.current_costs.t_draft == pytest.approx(0.6)
-
-
-def test_the_loop_reports_every_step_s_timings():
-    class Recording(AutoGamma):
-        def __init__(self, costs):
-            super().__init__(costs, max_gamma=4)
-            self.reports = []
-
-        def timed(self, drafted, draft_calls, draft_seconds, verify_seconds):
-            self.reports.append((drafted, draft_calls, draft_seconds, verify_seconds))
-            super().timed(drafted, draft_calls, draft_seconds, verify_seconds)
-
-    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=32)
-    target, draft = tiny_gpt2(config, seed=0), tiny_gpt2(config, seed=1)
-    schedule = Recording(linear_costs(0.01, 1.0, 0.05))
-    _, stats = speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), gamma=schedule, max_new_tokens=20)
-    assert len(schedule.reports) == stats.target_calls
-    assert sum(r[0] for r in schedule.reports) == stats.drafted
-    assert sum(r[1] for r in schedule.reports) == stats.draft_calls
-    assert all(seconds >= 0 for r in schedule.reports for seconds in r[2:]) and any(r[3] > 0 for r in schedule.reports)
-    assert schedule.current_costs != schedule.costs  # the tiny pair's passes take microseconds, not seconds
-
-
 def test_auto_refuses_costs_that_do_not_cover_its_largest_gamma():
     with pytest.raises(ValueError, match="calibrate with max_tokens=13"):
         AutoGamma(linear_costs(0.1, 1.0, 0.05, max_tokens=5), max_gamma=12)
@@ -343,6 +261,8 @@ def test_the_calibration_key_names_the_forward_path(tmp_path, fast_kernels):
 
 
 def test_gamma_auto_calibrates_once_per_pair(tmp_path, monkeypatch):
+    from spec_decoding import speculative_generate
+
     monkeypatch.setattr(spec_decoding.costs, "default_cache_dir", lambda: tmp_path)
     target, draft = tiny_gpt2(CONFIG, seed=0), tiny_gpt2(CONFIG, seed=1)
     ids = torch.tensor([[1, 2, 3]])
