@@ -81,8 +81,11 @@ def verify(k, cache=cache, tokens=drafts):
 
 with torch.inference_mode():
     target(prefix, cache)
-    target(prefix.expand(rows, -1), batch)
-    batch_step = lambda: verify(1, batch, drafts[:, :1].expand(rows, -1))
+    target(prefix.expand(rows, -1), batch)  # (rows, 100): the same prefix in every row
+
+    def batch_step():
+        return verify(1, batch, drafts[:, :1].expand(rows, -1))  # (rows, 1): one new token per row
+
     verify(1), batch_step(), [verify(k) for k in ks]
     reference = generate(target, prompt, new_tokens)
     print("ready", flush=True)

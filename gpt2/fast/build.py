@@ -1,8 +1,8 @@
 """Compiles the C kernels of csrc/ into one library, once per machine, and
 loads it with ctypes.
 
-The kernels are plain C with AVX2 + FMA intrinsics (and AVX-512VL's extra
-registers where the CPU has them) and OpenMP: no PyTorch
+The kernels are plain C with AVX2 + FMA intrinsics (and AVX-512's 512-bit
+multiply-adds where the CPU has them) and OpenMP: no PyTorch
 headers, no build step at install time. They are compiled on first use with
 the system C compiler (`$CC`, else `cc`; about a second) into a cache folder,
 under a name made from a hash of everything that goes into them, so an

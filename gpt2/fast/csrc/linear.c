@@ -254,10 +254,17 @@ static inline __attribute__((always_inline)) void group_all_rows_wide(
  * four outputs side by side for one row or two (few sums in flight
  * otherwise), and from MANY_ROWS rows, where arithmetic bounds the loop (3
  * rows x 4 outputs load fewer values per multiply-add than 7 x 2); the two
- * pairs in turn, FLOAT_TILE_ROWS rows at a time, in between, where memory does. */
+ * pairs in turn, FLOAT_TILE_ROWS rows at a time, in between, where memory does.
+ * In the AVX-512 build, float32 W from WIDE_FROM_ROWS rows on: the 512-bit tiles. */
 static inline __attribute__((always_inline)) void group_all_rows(
     const float *x, const void *w_group, const float *scale, const float *bias, float *y,
     int64_t n, int64_t in, int64_t out, int64_t o, const int int8) {
+#ifdef __AVX512F__
+    if (!int8 && n >= WIDE_FROM_ROWS) {
+        group_all_rows_wide(x, (const float *)w_group, bias, y, n, in, out, o);
+        return;
+    }
+#endif
     if (n == 1) {
         group_few_rows(x, w_group, scale, bias, y, in, out, o, 1, int8);
         return;
@@ -356,10 +363,6 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
             const void *w_group = (const char *)packed + g * group_bytes;
             if (scale)
                 group_all_rows(x, w_group, scale, bias, y, n, in, out, GROUP * g, 1);
-#ifdef __AVX512F__
-            else if (n >= WIDE_FROM_ROWS)
-                group_all_rows_wide(x, (const float *)w_group, bias, y, n, in, out, GROUP * g);
-#endif
             else
                 group_all_rows(x, w_group, NULL, bias, y, n, in, out, GROUP * g, 0);
         }
