@@ -194,6 +194,17 @@ static inline __attribute__((always_inline)) __m256 high_half(__m512 v) {
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
 }
 
+/* Prefetches into L2 two cache lines of the next group's W (`next`, NULL:
+ * none) at block k of this tile's `blocks`: its share of that group, bytes
+ * [begin, end), spread evenly over the tile's loop. */
+static inline __attribute__((always_inline)) void prefetch_share(const char *next, int64_t begin, int64_t end,
+                                                                int64_t k, int64_t blocks) {
+    if (!next) return;
+    const char *line = next + ((begin + (end - begin) * k / blocks) & ~(int64_t)63);
+    _mm_prefetch(line, _MM_HINT_T1);
+    _mm_prefetch(line + 64, _MM_HINT_T1);
+}
+
 /* y[r][o .. o + 3] for n_rows rows of x (float32 W), with 512-bit registers:
  * block k of outputs o + 2p and o + 2p + 1 are 16 consecutive floats of the
  * packed group, so one register holds both, multiplied by x[r][8k : 8k + 8]
@@ -202,7 +213,7 @@ static inline __attribute__((always_inline)) __m256 high_half(__m512 v) {
  * bit, at half the multiply-adds. */
 static inline __attribute__((always_inline)) void group_tile_wide(
     const float *x, const float *w_group, const float *bias, float *y,
-    int64_t in, int64_t out, int64_t o, const int n_rows) {
+    int64_t in, int64_t out, int64_t o, const int n_rows, const char *next, int64_t next_begin, int64_t next_end) {
     const int64_t blocks = in / 8;
     __m512 acc[2][WIDE_TILE_ROWS]; /* [pair p][row r] */
     for (int p = 0; p < 2; p++)
@@ -210,6 +221,7 @@ static inline __attribute__((always_inline)) void group_tile_wide(
     for (int64_t k = 0; k < blocks; k++) {
         prefetch_ahead(w_group, k, 1, 0);
         prefetch_near(w_group, k);
+        prefetch_share(next, next_begin, next_end, k, blocks);
         const __m512 w01 = _mm512_loadu_ps(w_group + GROUP * 8 * k);      /* outputs o, o + 1 */
         const __m512 w23 = _mm512_loadu_ps(w_group + GROUP * 8 * k + 16); /* outputs o + 2, o + 3 */
         for (int r = 0; r < n_rows; r++) {
@@ -225,25 +237,34 @@ static inline __attribute__((always_inline)) void group_tile_wide(
         }
 }
 
-/* A float32 group's four outputs for all N rows, in tiles of up to WIDE_TILE_ROWS rows. */
+/* A float32 group's four outputs for all N rows, in tiles of up to
+ * WIDE_TILE_ROWS rows, near-equal in size. Only the first tile reads the
+ * group's W from memory; the others find it in cache, and memory would idle
+ * while they run. So each tile also prefetches its share of the next group
+ * (`w_next`, NULL: none), by rows: W is read all along the group's tiles. */
 static inline __attribute__((always_inline)) void group_all_rows_wide(
-    const float *x, const float *w_group, const float *bias, float *y, int64_t n, int64_t in, int64_t out, int64_t o) {
-    for (int64_t r0 = 0; r0 < n; r0 += WIDE_TILE_ROWS) {
+    const float *x, const float *w_group, const float *bias, float *y, int64_t n, int64_t in, int64_t out, int64_t o,
+    const char *w_next) {
+    const int64_t group_bytes = GROUP * in * 4, tiles = (n + WIDE_TILE_ROWS - 1) / WIDE_TILE_ROWS;
+    const char *next = tiles > 1 ? w_next : NULL; /* one tile: `prefetch_ahead` runs into the next group */
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t r0 = n * t / tiles, r1 = n * (t + 1) / tiles; /* rows [r0, r1) */
+        const int64_t share0 = group_bytes * r0 / n, share1 = group_bytes * r1 / n; /* of the next group */
         const float *xt = x + r0 * in;
         float *yt = y + r0 * out;
-        switch (n - r0 < WIDE_TILE_ROWS ? n - r0 : WIDE_TILE_ROWS) { /* the row count a constant in each copy */
-            case 1: group_tile_wide(xt, w_group, bias, yt, in, out, o, 1); break;
-            case 2: group_tile_wide(xt, w_group, bias, yt, in, out, o, 2); break;
-            case 3: group_tile_wide(xt, w_group, bias, yt, in, out, o, 3); break;
-            case 4: group_tile_wide(xt, w_group, bias, yt, in, out, o, 4); break;
-            case 5: group_tile_wide(xt, w_group, bias, yt, in, out, o, 5); break;
-            case 6: group_tile_wide(xt, w_group, bias, yt, in, out, o, 6); break;
-            case 7: group_tile_wide(xt, w_group, bias, yt, in, out, o, 7); break;
-            case 8: group_tile_wide(xt, w_group, bias, yt, in, out, o, 8); break;
-            case 9: group_tile_wide(xt, w_group, bias, yt, in, out, o, 9); break;
-            case 10: group_tile_wide(xt, w_group, bias, yt, in, out, o, 10); break;
-            case 11: group_tile_wide(xt, w_group, bias, yt, in, out, o, 11); break;
-            default: group_tile_wide(xt, w_group, bias, yt, in, out, o, WIDE_TILE_ROWS); break;
+        switch (r1 - r0) { /* the row count a constant in each copy */
+            case 1: group_tile_wide(xt, w_group, bias, yt, in, out, o, 1, next, share0, share1); break;
+            case 2: group_tile_wide(xt, w_group, bias, yt, in, out, o, 2, next, share0, share1); break;
+            case 3: group_tile_wide(xt, w_group, bias, yt, in, out, o, 3, next, share0, share1); break;
+            case 4: group_tile_wide(xt, w_group, bias, yt, in, out, o, 4, next, share0, share1); break;
+            case 5: group_tile_wide(xt, w_group, bias, yt, in, out, o, 5, next, share0, share1); break;
+            case 6: group_tile_wide(xt, w_group, bias, yt, in, out, o, 6, next, share0, share1); break;
+            case 7: group_tile_wide(xt, w_group, bias, yt, in, out, o, 7, next, share0, share1); break;
+            case 8: group_tile_wide(xt, w_group, bias, yt, in, out, o, 8, next, share0, share1); break;
+            case 9: group_tile_wide(xt, w_group, bias, yt, in, out, o, 9, next, share0, share1); break;
+            case 10: group_tile_wide(xt, w_group, bias, yt, in, out, o, 10, next, share0, share1); break;
+            case 11: group_tile_wide(xt, w_group, bias, yt, in, out, o, 11, next, share0, share1); break;
+            default: group_tile_wide(xt, w_group, bias, yt, in, out, o, WIDE_TILE_ROWS, next, share0, share1); break;
         }
     }
 }
@@ -255,13 +276,14 @@ static inline __attribute__((always_inline)) void group_all_rows_wide(
  * otherwise), and from MANY_ROWS rows, where arithmetic bounds the loop (3
  * rows x 4 outputs load fewer values per multiply-add than 7 x 2); the two
  * pairs in turn, FLOAT_TILE_ROWS rows at a time, in between, where memory does.
- * In the AVX-512 build, float32 W from WIDE_FROM_ROWS rows on: the 512-bit tiles. */
+ * In the AVX-512 build, float32 W from WIDE_FROM_ROWS rows on: the 512-bit
+ * tiles, which prefetch w_next, the next group of the chunk (NULL: none). */
 static inline __attribute__((always_inline)) void group_all_rows(
     const float *x, const void *w_group, const float *scale, const float *bias, float *y,
-    int64_t n, int64_t in, int64_t out, int64_t o, const int int8) {
+    int64_t n, int64_t in, int64_t out, int64_t o, const int int8, const char *w_next) {
 #ifdef __AVX512F__
     if (!int8 && n >= WIDE_FROM_ROWS) {
-        group_all_rows_wide(x, (const float *)w_group, bias, y, n, in, out, o);
+        group_all_rows_wide(x, (const float *)w_group, bias, y, n, in, out, o, w_next);
         return;
     }
 #endif
@@ -362,9 +384,10 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
         for (int64_t g = g_begin; g < g_end; g++) {
             const void *w_group = (const char *)packed + g * group_bytes;
             if (scale)
-                group_all_rows(x, w_group, scale, bias, y, n, in, out, GROUP * g, 1);
-            else
-                group_all_rows(x, w_group, NULL, bias, y, n, in, out, GROUP * g, 0);
+                group_all_rows(x, w_group, scale, bias, y, n, in, out, GROUP * g, 1, NULL);
+            else /* with the next group of this chunk, for the 512-bit tiles to prefetch */
+                group_all_rows(x, w_group, NULL, bias, y, n, in, out, GROUP * g, 0,
+                               g + 1 < g_end ? (const char *)w_group + group_bytes : NULL);
         }
         if (gelu || residual) { /* this chunk's outputs [4 g_begin, 4 g_end) of every row */
             const int64_t c_begin = GROUP * g_begin, c_end = GROUP * g_end < out ? GROUP * g_end : out;
