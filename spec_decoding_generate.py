@@ -55,29 +55,31 @@ from cli.arguments import (
 
 def load_everything(
     args: argparse.Namespace, prompts: list[str], device, dtype, quantize: dict[str, str | None],
-    lines: list[int] | None = None,
+    lines: list[int] | None = None, draft_length: tuple[str, int] | None = None,
 ):
     """The draft and target models, the target's tokenizer, the token ids of
     each prompt and the model folders (no draft model, None, for --draft
     ngram). `quantize`: each role's weight quantisation. `lines`: the
     prompts' line numbers in --prompts-file (errors name them), or None for
-    the one --prompt.
+    the one --prompt. `draft_length`: (flag, value), the most tokens a step
+    drafts (--gamma, or a tree's depth), or None for a named --gamma.
 
     Everything that can be wrong is checked before the weights are read
-    (which takes seconds for GPT-2 large): the downloads, the vocabularies
-    and the prompt's length, from config.json and the tokenizer alone. Only
-    the target's context window limits the prompt.
+    (which takes seconds for GPT-2 large): the downloads, the vocabularies,
+    the prompt's length and the draft length, from config.json and the
+    tokenizer alone. Only the target's context window limits them.
 
     Raises:
         ValueError, FileNotFoundError: a source that does not exist or cannot
             be downloaded, a corrupt file, vocabularies that do not match, a
-            prompt that does not fit the target's context window.
+            prompt or a draft length that does not fit the target's context window.
     """
     import torch
 
     from gpt2 import GPT2Config, load_model, load_tokenizer
     from gpt2.generate import check_prompt
     from gpt2.loading import resolve_source
+    from spec_decoding.schedule import check_draft_length
 
     sources = {"target": args.target} if args.draft == NGRAM_DRAFT else {"draft": args.draft, "target": args.target}
     folders = {role: resolve_source(source, args.weights_dir) for role, source in sources.items()}  # downloads
@@ -113,6 +115,8 @@ def load_everything(
             if lines is None:
                 raise
             raise ValueError(f"line {lines[i]} of {args.prompts_file}: {e}") from None
+    if draft_length is not None:
+        check_draft_length(draft_length[1], draft_length[0], configs["target"].n_ctx)
 
     models = {}
     for role, source in sources.items():
@@ -152,6 +156,7 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     from gpt2 import resolve_device, resolve_dtype
     from gpt2.fast.quantize import resolve_quantize
     from spec_decoding.stats import clock
+    from spec_decoding.tree import TreeShape
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -161,9 +166,15 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
         print("note: --top-k and --top-p only apply when sampling (--temperature > 0)", file=sys.stderr)
 
     t_load = time.perf_counter()
+    if tree is not None:
+        draft_length = ("--tree-depth" if args.tree_nodes is not None else "the depth of --tree", tree.max_depth)
+    else:
+        draft_length = None if isinstance(args.gamma, str) else ("--gamma", args.gamma)
     draft, target, tokenizer, (prompt_ids,), folders = load_everything(
-        args, [prompt], device, dtype, {"draft": draft_quantize, "target": quantize}
+        args, [prompt], device, dtype, {"draft": draft_quantize, "target": quantize}, draft_length=draft_length
     )
+    if tree is None and args.show_tree:  # a chain drawn as the tree with one child per node: the same output
+        tree = TreeShape(branching=(1,) * args.gamma)
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
     for model in (draft, target):
         if model is not None:
@@ -293,20 +304,17 @@ def make_drafter_and_schedule(args, target, draft):
     --draft-p-min; or prompt lookup) and the γ schedule of --gamma. For
     'auto', the step costs of this pair on this machine: read from the
     cache, or measured now (some seconds)."""
-    from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, ModelDrafter, NgramDrafter, calibrate
-    from spec_decoding.schedule import DEFAULT_MAX_GAMMA
+    from spec_decoding import ModelDrafter, NgramDrafter
+    from spec_decoding.schedule import make_schedule
 
     if args.draft == NGRAM_DRAFT:
         drafter = NgramDrafter(DEFAULT_NGRAM if args.ngram is None else args.ngram)
     else:
         drafter = ModelDrafter(draft, p_min=args.draft_p_min)
-    if args.gamma == "heuristic":
-        return drafter, HeuristicGamma()
-    if args.gamma != "auto":
-        return drafter, FixedGamma(args.gamma)
-    print("--gamma auto: the step costs of this pair on this machine (measured once, then cached) ...",
-          file=sys.stderr)
-    return drafter, AutoGamma(calibrate(target, drafter.model, DEFAULT_MAX_GAMMA + 1))
+    if args.gamma == "auto":
+        print("--gamma auto: the step costs of this pair on this machine (measured once, then cached) ...",
+              file=sys.stderr)
+    return drafter, make_schedule(args.gamma, target, drafter)
 
 
 def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]]) -> int:
@@ -336,7 +344,8 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
     drafter_name = drafter_description(args, draft_quantize)
     lines = [line for line, _ in prompts]
     draft, target, tokenizer, prompt_ids, folders = load_everything(
-        args, [text for _, text in prompts], device, dtype, {"draft": draft_quantize, "target": quantize}, lines
+        args, [text for _, text in prompts], device, dtype, {"draft": draft_quantize, "target": quantize}, lines,
+        draft_length=("--gamma", args.gamma),
     )
     first = torch.tensor([prompt_ids[0]], dtype=torch.long, device=device)  # (1, T)
     warm_up(draft, first)
@@ -553,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         sampling = check_settings(args)
         tree = check_tree(args)
         if args.prompts_file is not None:
-            if tree is not None:
+            if tree is not None or args.show_tree:
                 raise ValueError("token trees decode one prompt at a time: drop --tree (or --show-tree) with --prompts-file")
             return run_file(args, sampling, read_prompts_file(args.prompts_file))
         return run(args, sampling, tree, read_prompt(args))

@@ -253,8 +253,10 @@ def check_drafter(args: argparse.Namespace) -> None:
 def check_tree(args: argparse.Namespace):
     """The token tree of --tree or --tree-nodes/--tree-depth, as the
     library's `TreeShape`, or None for a chain (then args.gamma is set to its
-    default if it was not given). With --show-tree a chain is run as the
-    tree with one child per node, which gives the same output, to be drawn.
+    default if it was not given). (With --show-tree a chain is run as the
+    tree with one child per node, which gives the same output, to be drawn:
+    spec_decoding_generate.py makes it once --gamma is checked against the
+    target's window.)
 
     Raises:
         ValueError: a bad or half-given tree, or a tree together with --gamma.
@@ -284,8 +286,6 @@ def check_tree(args: argparse.Namespace):
     if isinstance(args.gamma, str):  # a schedule's name: checked by check_drafter
         return None
     args.gamma = check_integer(DEFAULT_GAMMA if args.gamma is None else args.gamma, "--gamma", 1)
-    if args.show_tree:
-        return TreeShape(branching=(1,) * args.gamma)
     return None
 
 
@@ -320,6 +320,8 @@ def read_prompts_file(path: str) -> list[tuple[int, str]]:
             without a "prompt" string (the message names the line).
     """
     file = Path(path)
+    if file.is_dir():
+        raise ValueError(f"--prompts-file {path} is a folder: give a text file with one prompt per line")
     if not file.is_file():
         raise FileNotFoundError(f"--prompts-file {path}: no such file")
     try:

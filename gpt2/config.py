@@ -8,6 +8,7 @@ ships beside every Hugging Face GPT-2 checkpoint.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,12 @@ class GPT2Config:
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "n_ctx", "vocab_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"GPT2Config.{name} must be a positive integer, got {value!r}")
+        eps = self.layer_norm_epsilon
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
+            raise ValueError(f"GPT2Config.layer_norm_epsilon must be a positive number such as 1e-5, got {eps!r}")
+        object.__setattr__(self, "layer_norm_epsilon", float(eps))
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"GPT2Config.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
@@ -80,6 +85,8 @@ class GPT2Config:
             )
         except KeyError as e:
             raise ValueError(f"{path} lacks the GPT-2 field {e}; is it a GPT-2 config.json?") from None
+        except ValueError as e:  # a field of the wrong kind
+            raise ValueError(f"{path}: {e}") from None
 
     def to_hf_dict(self) -> dict:
         """The `config.json` fields a Hugging Face GPT-2 checkpoint carries."""

@@ -24,7 +24,7 @@ import torch
 
 from .kv_cache import KVCache
 from .model import GPT2
-from .sampling import SamplingConfig, next_token
+from .sampling import SamplingConfig, check_generator, next_token
 
 
 def check_integer(value, name: str, minimum: int) -> int:
@@ -250,7 +250,7 @@ def generate(
         check_prompt(input_ids, model.config.n_ctx, model.config.vocab_size)
     prompts = check_prompts(input_ids, lengths, model.config.n_ctx, model.config.vocab_size)
     eos_id = check_eos_id(eos_id, model.config.vocab_size)
-    rows = decode_rows(model, prompts, max_new_tokens, config, eos_id, generator)
+    rows = decode_rows(model, prompts, max_new_tokens, config, eos_id, check_generator(generator))
     if not as_tensor:
         return rows
     width = max(len(row) for row in rows)  # rows differ only where one ended at eos_id

@@ -93,13 +93,25 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
     if config.top_p is not None and config.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # (..., V) each
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # (..., V)
-        # Keep a token while the more likely ones have not yet reached top_p:
-        # the most likely token is always kept.
+        # Keep a token while the more likely ones have not yet reached top_p,
+        # and the most likely token always (a top_p below float32's smallest
+        # number would otherwise compare as 0 and keep nothing).
         keep_sorted = mass_before < config.top_p  # (..., V)
+        keep_sorted[..., 0] = True
         keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # back to vocab order
         probs = probs * keep
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+def check_generator(generator) -> torch.Generator | None:
+    """`generator` if it is a torch.Generator or None, else a ValueError."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(
+            f"generator must be a torch.Generator or None, got {type(generator).__name__}: "
+            "e.g. torch.Generator().manual_seed(0)"
+        )
+    return generator
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

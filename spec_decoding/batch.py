@@ -22,7 +22,6 @@ import torch
 
 from gpt2.generate import (
     check_eos_id,
-    check_integer,
     check_max_new_tokens,
     check_model,
     check_prompts,
@@ -34,6 +33,7 @@ from gpt2.sampling import SamplingConfig, logits_to_probs
 from .acceptance import Verdict, speculative_sampling, speculative_sampling_greedy
 from .batch_drafters import BatchDraft, BatchDrafter
 from .drafters import ModelDrafter
+from .schedule import check_draft_length
 from .stats import BatchStats, clock
 
 
@@ -150,7 +150,7 @@ def batch_speculative_generate(
         ValueError: bad settings, or a bad prompt (the message names the row).
     """
     sampling = SamplingConfig(temperature, top_k, top_p)
-    gamma = check_integer(gamma, "gamma", 1)  # tokens drafted per step
+    gamma = check_draft_length(gamma, "gamma", target.config.n_ctx)  # tokens drafted per step
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_model(target, "target")
     drafter = batch_drafter(draft, target.config.vocab_size)

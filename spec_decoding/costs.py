@@ -84,22 +84,24 @@ def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = 
     ks = range(1, max_tokens + 1)
     device = target.device
     models = {"target": target} if draft is None else {"target": target, "draft": draft}
+    longest = {"target": max_tokens, "draft": 1}  # the longest pass timed of each
     caches, lengths = {}, {}
     for name, model in models.items():
-        lengths[name] = min(CONTEXT, model.config.n_ctx - max_tokens)  # room left for the timed passes
-        if lengths[name] < 1:
+        if longest[name] > model.config.n_ctx:
             raise ValueError(
                 f"the {name}'s context window ({model.config.n_ctx} tokens) is too short to time passes of "
-                f"{max_tokens} tokens: ask for a smaller largest gamma"
+                f"{longest[name]} tokens: ask for a smaller largest gamma"
             )
+        lengths[name] = min(CONTEXT, model.config.n_ctx - longest[name])  # room left for the timed passes
         caches[name] = model.new_cache(1)
         context = torch.arange(lengths[name], device=device)[None] % model.config.vocab_size  # (1, length)
-        model(context, caches[name], last_logits_only=True)
+        if lengths[name] > 0:
+            model(context, caches[name], last_logits_only=True)
     passes = [("target", k) for k in ks] + ([("draft", 1)] if draft is not None else [])
     seconds: dict[tuple[str, int], list[float]] = {p: [] for p in passes}
     for round_ in range(rounds + 1):
         for name, k in passes:
-            tokens = torch.arange(k, device=device)[None]  # (1, k)
+            tokens = torch.arange(k, device=device)[None] % models[name].config.vocab_size  # (1, k)
             t0 = clock(device)
             models[name](tokens, caches[name])  # every position's logits, as a verification computes them
             t1 = clock(device)

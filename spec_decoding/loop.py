@@ -27,7 +27,7 @@ from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs
 
 from .acceptance import speculative_sampling, speculative_sampling_greedy
-from .batch import batch_speculative_generate
+from .batch import batch_speculative_generate, row_generators
 from .drafters import Draft, Drafter, ModelDrafter
 from .schedule import GammaSchedule, make_schedule
 from .stats import BatchStats, SpecStats, clock
@@ -110,6 +110,7 @@ def speculative_generate(
             temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
             on_step=on_step, stats=stats,
         )
+    generator = row_generators(generator, 1)[0]  # one sequence: a generator, None, or a list of one
     if tree is not None:  # a token tree: tree_loop.py
         if gamma is not None:
             raise ValueError("give gamma (a chain of drafted tokens) or tree (a token tree), not both")
@@ -147,7 +148,8 @@ def speculative_generate(
     S = T
     if stats is None:
         stats = SpecStats(gamma)
-    assert stats.gamma == gamma and stats.target_calls == 0, "stats must be a fresh SpecStats(gamma)"
+    if not (isinstance(stats, SpecStats) and stats.gamma == gamma and stats.target_calls == 0):
+        raise ValueError(f"stats must be a fresh SpecStats({gamma}) (the largest number of tokens a step drafts)")
 
     # Prefill: both caches take every prompt token but the last (the pending one).
     target_cache = target.new_cache(1)

@@ -33,6 +33,23 @@ from .stats import expected_tokens_per_step
 DEFAULT_MAX_GAMMA = 12  # the largest K of the adaptive schedules
 
 
+def check_draft_length(value, name: str, n_ctx: int) -> int:
+    """`value` as an int from 1 to n_ctx - 1, where n_ctx is the target's
+    context window: a step drafts at most that many tokens (one pass of the
+    target verifies them and the pending token, so no more could ever fit).
+
+    Raises:
+        ValueError: not an integer >= 1, or n_ctx or more.
+    """
+    length = check_integer(value, name, 1)
+    if length >= n_ctx:
+        raise ValueError(
+            f"{name} is {length}, more tokens than the target's context window of {n_ctx} could ever verify: "
+            f"give at most {n_ctx - 1}"
+        )
+    return length
+
+
 class GammaSchedule(ABC):
     """Chooses K before each step, and learns from the step's outcome.
 
@@ -209,20 +226,24 @@ def make_schedule(gamma: int | str | GammaSchedule, target: GPT2, drafter: Draft
     """The schedule `speculative_generate(gamma=...)` asks for: a positive
     integer (fixed), "auto" (`AutoGamma`, with the costs of this pair on this
     machine, calibrated once and cached), "heuristic" (`HeuristicGamma`), or a
-    schedule object, used as it is.
+    schedule object, used as it is. The adaptive schedules draft at most
+    DEFAULT_MAX_GAMMA tokens, fewer where the target's window is shorter.
 
     Raises:
-        ValueError: anything else.
+        ValueError: anything else, or a largest K the target's window cannot
+            verify (`check_draft_length`).
     """
+    most = min(DEFAULT_MAX_GAMMA, target.config.n_ctx - 1)  # K + 1 tokens fit the window
     if isinstance(gamma, GammaSchedule):
-        return gamma
-    if isinstance(gamma, str):
-        if gamma == "auto":
-            return AutoGamma(calibrate(target, drafter.model, DEFAULT_MAX_GAMMA + 1))
-        if gamma == "heuristic":
-            return HeuristicGamma()
-        raise ValueError(f"gamma must be an integer >= 1, 'auto' or 'heuristic', got {gamma!r}")
-    try:
-        return FixedGamma(gamma)
-    except ValueError:
-        raise ValueError(f"gamma must be an integer >= 1, 'auto' or 'heuristic', got {gamma!r}") from None
+        schedule = gamma
+    elif isinstance(gamma, str) and gamma == "auto":
+        schedule = AutoGamma(calibrate(target, drafter.model, most + 1), max_gamma=most)
+    elif isinstance(gamma, str) and gamma == "heuristic":
+        schedule = HeuristicGamma(max_gamma=most)
+    else:
+        try:
+            schedule = FixedGamma(gamma)
+        except ValueError:
+            raise ValueError(f"gamma must be an integer >= 1, 'auto' or 'heuristic', got {gamma!r}") from None
+    check_draft_length(schedule.max_gamma, "gamma", target.config.n_ctx)
+    return schedule

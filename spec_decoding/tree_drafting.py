@@ -195,8 +195,8 @@ class TreeDrafter:
         """
         if shape.is_static:
             counts = []
-            for _ in values:
-                counts.append(min(shape.branching[depth - 1], budget))
+            for _ in values:  # at most V children: a node has no more distinct tokens to follow it
+                counts.append(min(shape.branching[depth - 1], budget, probs.size(-1)))
                 budget -= counts[-1]
             return counts
         width = min(shape.width, budget, probs.size(-1))

@@ -23,9 +23,10 @@ import torch
 
 from gpt2.generate import check_eos_id, check_max_new_tokens, check_model, check_prompt
 from gpt2.model import GPT2
-from gpt2.sampling import SamplingConfig, logits_to_probs
+from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
 from .drafters import ModelDrafter
+from .schedule import check_draft_length
 from .stats import SpecStats, clock
 from .tree import TokenTree, TreeShape
 from .tree_acceptance import TreeVerdict, tree_greedy, tree_sampling
@@ -95,8 +96,10 @@ def tree_speculative_generate(
         )
     check_prompt(input_ids, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
+    generator = check_generator(generator)
     if input_ids.size(0) != 1:
         raise ValueError(f"speculative decoding runs one sequence at a time: got a batch of {input_ids.size(0)}")
+    depth = check_draft_length(shape.max_depth, "the tree's depth", target.config.n_ctx)
 
     device = input_ids.device
     T = input_ids.size(1)
@@ -106,8 +109,9 @@ def tree_speculative_generate(
     seq[:, :T] = input_ids
     S = T
     if stats is None:
-        stats = SpecStats(shape.max_depth, tree=str(shape))
-    assert stats.gamma == shape.max_depth and stats.target_calls == 0, "stats must be a fresh SpecStats(depth)"
+        stats = SpecStats(depth, tree=str(shape))
+    if not (isinstance(stats, SpecStats) and stats.gamma == depth and stats.target_calls == 0):
+        raise ValueError(f"stats must be a fresh SpecStats({depth}, tree=...) (the tree's depth)")
 
     # Prefill: both caches take every prompt token but the last (the pending one, the first root).
     target_cache = target.new_cache(1)

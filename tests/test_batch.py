@@ -464,6 +464,8 @@ def test_bad_batch_settings_raise_a_value_error(target, drafts):
     kwargs = dict(gamma=2, max_new_tokens=4)
     with pytest.raises(ValueError, match="a list of 2 generators"):
         speculative_generate(target, target, [[1], [2]], generator=[torch.Generator()], **kwargs)
+    with pytest.raises(ValueError, match="could ever verify: give at most 63"):
+        speculative_generate(target, target, [[1], [2]], gamma=2**63, max_new_tokens=4)
     with pytest.raises(ValueError, match=r"fresh BatchStats\(gamma=2, num_rows=2\)"):
         speculative_generate(target, target, [[1], [2]], stats=SpecStats(2), **kwargs)
     with pytest.raises(ValueError, match="for a batch the draft must be a loaded GPT2 model or a BatchDrafter"):

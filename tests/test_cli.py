@@ -859,3 +859,40 @@ def test_bad_prompts_files(tmp_path, capsys, folders, single_thread, content, ar
 
 def test_a_missing_prompts_file(tmp_path, capsys):
     assert_bad_input(run_main(capsys, "--prompts-file", str(tmp_path / "nope.txt")), "nope.txt: no such file")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--gamma", "99999999999999999999"], "--gamma is 99999999999999999999"),
+        (["--gamma", "1000000000", "--show-tree"], "--gamma is 1000000000"),
+        (["--tree-nodes", "1000000000", "--tree-depth", "1000000000"], "--tree-depth is 1000000000"),
+        (["--tree", ",".join(["1"] * 300)], "the depth of --tree is 300"),
+        (["--temperature", "1", "--top-p", "1e-300", "--gamma", "3"], None),
+    ],
+    ids=["gamma-huge", "gamma-huge-show-tree", "tree-depth-huge", "tree-too-deep", "top-p-below-float32"],
+)
+def test_draft_lengths_the_window_cannot_hold_and_a_top_p_below_float32(capsys, folders, single_thread, args, message):
+    # A draft length is checked against the target's window before the weights are read (and before
+    # anything is sized by it); a top_p that float32 cannot tell from 0 still keeps the likeliest token.
+    result = run_main(capsys, *local_models(folders), *args)
+    if message is None:
+        assert_ok(result)
+    else:
+        window = f"more tokens than the target's context window of {CONFIG.n_ctx} could ever verify"
+        assert_bad_input(result, f"{message}, {window}: give at most {CONFIG.n_ctx - 1}")
+
+
+def test_a_prompts_file_that_is_a_folder(tmp_path, capsys):
+    assert_bad_input(run_main(capsys, "--prompts-file", str(tmp_path)), "is a folder: give a text file")
+
+
+def test_a_config_json_with_a_field_of_the_wrong_kind(tmp_path, capsys, folders):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("model.safetensors", "vocab.json", "merges.txt"):
+        (broken / name).write_bytes((folders["target"] / name).read_bytes())
+    config = json.loads((folders["target"] / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "layer_norm_epsilon": "x"}))
+    result = run_main(capsys, "--draft", str(folders["draft"]), "--target", str(broken))
+    assert_bad_input(result, "config.json: GPT2Config.layer_norm_epsilon must be a positive number such as 1e-5")

@@ -230,6 +230,14 @@ def test_top_p_stops_as_soon_as_the_mass_reaches_p_exactly():
     assert probs.sum().item() == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("p", [1e-9, 1e-45, 1e-50, 5e-324])
+def test_a_tiny_top_p_keeps_the_most_likely_token(p):
+    # Below float32's smallest number (~1.4e-45) top_p compares as 0 against the
+    # float32 masses: the most likely token must still be kept.
+    probs = logits_to_probs(HAND_LOGITS, SamplingConfig(temperature=1.0, top_p=p))
+    assert kept(probs) == {1} and probs[1].item() == 1.0
+
+
 def test_top_k_applies_before_top_p():
     # top_k=3 leaves 0.5, 0.3, 0.15 -> renormalised 0.526, 0.316, 0.158;
     # top_p=0.8 then needs the first two (0.526 < 0.8 <= 0.842).

@@ -236,6 +236,18 @@ def test_empty_source_raises_value_error():
 
 
 @pytest.mark.parametrize(
+    "field, value",
+    [("n_layer", True), ("n_head", 2.0), ("layer_norm_epsilon", "x"), ("layer_norm_epsilon", None),
+     ("layer_norm_epsilon", True), ("layer_norm_epsilon", -1e-5), ("layer_norm_epsilon", float("nan")),
+     ("layer_norm_epsilon", float("inf")), ("layer_norm_epsilon", 0)],
+)
+def test_a_config_field_of_the_wrong_kind_raises_value_error(field, value):
+    with pytest.raises(ValueError, match=f"GPT2Config.{field} must be a positive"):
+        GPT2Config(**{field: value})
+    assert GPT2Config(layer_norm_epsilon=1).layer_norm_epsilon == 1.0  # an int is a number
+
+
+@pytest.mark.parametrize(
     "text, match",
     [
         ("{not json", "is not valid JSON"),

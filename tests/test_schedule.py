@@ -271,3 +271,36 @@ def test_gamma_auto_calibrates_once_per_pair(tmp_path, monkeypatch):
     assert len(list(tmp_path.glob("step-costs-*.json"))) == 1
     speculative_generate(target, draft, ids, gamma="auto", max_new_tokens=10)
     assert len(list(tmp_path.glob("step-costs-*.json"))) == 1
+
+
+@pytest.mark.parametrize("n_ctx, vocab_size", [(64, 5), (8, 32), (2, 32)])
+def test_gamma_auto_fits_a_small_vocabulary_and_a_short_window(tmp_path, monkeypatch, n_ctx, vocab_size):
+    # The calibration times passes of up to K + 1 tokens: their ids must be in the
+    # vocabulary, and their length within the window (the largest K shrinks with it).
+    from gpt2 import generate
+    from spec_decoding import speculative_generate
+
+    monkeypatch.setattr(spec_decoding.costs, "default_cache_dir", lambda: tmp_path)
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=n_ctx, vocab_size=vocab_size)
+    target, draft = tiny_gpt2(config, seed=0), tiny_gpt2(config, seed=1)
+    ids = torch.tensor([[1]])
+    for drafter in (ModelDrafter(draft), NgramDrafter()):
+        out, stats = speculative_generate(target, drafter, ids, gamma="auto", max_new_tokens=n_ctx)
+        assert stats.gamma == min(12, n_ctx - 1)
+        assert out.tolist() == generate(target, ids, n_ctx).tolist()
+    assert make_schedule("heuristic", target, NgramDrafter()).max_gamma == min(12, n_ctx - 1)
+
+
+def test_a_draft_whose_window_is_shorter_than_the_largest_gamma_is_calibrated(tmp_path):
+    target = tiny_gpt2(CONFIG, seed=0)
+    draft = tiny_gpt2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=4, vocab_size=32), seed=1)
+    costs = calibrate(target, draft, 13, cache_dir=tmp_path)  # the draft's passes are one token
+    assert costs.max_tokens == 13 and costs.t_draft > 0
+
+
+@pytest.mark.parametrize("gamma", [32, 10**8, 2**63, HeuristicGamma(max_gamma=40)])
+def test_a_gamma_the_window_could_never_verify_says_the_most_it_can_be(gamma):
+    target = tiny_gpt2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=32, vocab_size=16), seed=0)
+    with pytest.raises(ValueError, match="context window of 32 could ever verify: give at most 31"):
+        make_schedule(gamma, target, NgramDrafter())
+    assert make_schedule(31, target, NgramDrafter()).max_gamma == 31

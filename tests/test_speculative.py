@@ -367,6 +367,12 @@ BAD_CALLS = {
     "empty prompt": ({"input_ids": torch.zeros(1, 0, dtype=torch.long)}, "the prompt is empty"),
     "prompt too long": ({"input_ids": torch.zeros(1, 64, dtype=torch.long)}, "shorten it to at most 63 tokens"),
     "token out of vocabulary": ({"input_ids": torch.tensor([[1, 64]])}, r"token ids must lie in \[0, 64\)"),
+    "gamma past the window": ({"gamma": 64}, "gamma is 64, more tokens than the target's context window of 64"),
+    "gamma past any integer": ({"gamma": 2**63}, "could ever verify: give at most 63"),
+    "generator a number": ({"generator": 5}, "generator must be a torch.Generator, None, or a list of 1"),
+    "two generators for one row": ({"generator": [torch.Generator()] * 2}, "a list of 1 generators"),
+    "stats of another kind": ({"stats": object()}, r"stats must be a fresh SpecStats\(3\)"),
+    "stats of another gamma": ({"stats": SpecStats(2)}, r"stats must be a fresh SpecStats\(3\)"),
 }
 
 
@@ -418,3 +424,14 @@ def test_a_prompt_that_fits_the_target_but_not_the_draft_gets_plain_target_steps
     assert out.tolist() == generate(target, ids, 5).tolist()
     assert draft_calls.calls == []  # the draft never ran
     assert stats.plain_steps == stats.target_calls == 5 and stats.drafted == 0
+
+
+def test_one_sequence_takes_its_generator_alone_or_as_a_list_of_one(target, drafts):
+    def run(generator):
+        out, _ = speculative_generate(target, drafts["perturbed"], prompt(), gamma=3, max_new_tokens=12,
+                                      temperature=1.0, generator=generator)
+        return out.tolist()
+
+    assert run([torch.Generator().manual_seed(7)]) == run(torch.Generator().manual_seed(7))
+    with pytest.raises(ValueError, match="generator must be a torch.Generator or None, got int"):
+        generate(target, prompt(), 4, temperature=1.0, generator=5)

@@ -295,6 +295,8 @@ def test_the_simulated_tree_drafter_refuses_bad_settings(models):
         ({"tree": "abc"}, "integers >= 1 such as 3,2,1,1"),
         ({"tree": (2, 1)}, "tree must be a TreeShape or text"),
         ({}, "gamma must be an integer >= 1"),
+        ({"tree": TreeShape(nodes=10**8, depth=10**8)}, "the tree's depth is 100000000, more tokens than the target"),
+        ({"tree": "2,1", "stats": SpecStats(3)}, r"stats must be a fresh SpecStats\(2, tree=...\)"),
     ],
 )
 def test_bad_tree_settings_raise_a_clear_error_before_any_work(models, how, message):
@@ -302,3 +304,19 @@ def test_bad_tree_settings_raise_a_clear_error_before_any_work(models, how, mess
     with ForwardRecorder(target) as rec, pytest.raises(ValueError, match=message):
         speculative_generate(target, drafts["perturbed"], prompt(), max_new_tokens=5, **how)
     assert rec.calls == []
+
+
+@pytest.mark.parametrize("shape", ["11", "12,2", "3,40"])
+def test_a_tree_wider_than_the_vocabulary_drafts_each_token_once(shape):
+    # 10 tokens: a node cannot have more distinct children than that.
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=10)
+    target = tiny_gpt2(config, seed=0)
+    draft = perturbed_copy(target, scale=PERTURBATION, seed=1)
+    ids = torch.tensor([[1, 2, 3]])
+    out, stats = speculative_generate(target, draft, ids, tree=shape, max_new_tokens=12)
+    assert out.tolist() == generate(target, ids, 12).tolist()
+    level, most = 1, 0  # the most nodes a step can draft with each node's children capped at 10
+    for branching in map(int, shape.split(",")):
+        level *= min(branching, 10)
+        most += level
+    assert 0 < stats.drafted <= most * stats.target_calls
