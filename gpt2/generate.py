@@ -26,6 +26,9 @@ from .kv_cache import KVCache
 from .model import GPT2
 from .sampling import SamplingConfig, check_generator, next_token
 
+# The tensor dtypes a prompt's token ids may come in (they are copied into int64).
+TOKEN_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
 
 def check_integer(value, name: str, minimum: int) -> int:
     """`value` as an int if it is an integer (any integer type: int,
@@ -66,7 +69,7 @@ def check_prompt(input_ids: torch.Tensor, n_ctx: int, vocab_size: int) -> None:
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError("input_ids must be a (batch, tokens) tensor, e.g. torch.tensor([[15496, 995]])")
-    if input_ids.dtype not in (torch.int64, torch.int32):
+    if input_ids.dtype not in TOKEN_ID_DTYPES:
         raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
     T = input_ids.size(1)
     if input_ids.size(0) == 0:
@@ -109,7 +112,7 @@ def check_prompts(
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() != 2:
             raise ValueError("a tensor of prompts must be (batch, tokens), e.g. torch.tensor([[15496, 995]])")
-        if prompts.dtype not in (torch.int64, torch.int32):
+        if prompts.dtype not in TOKEN_ID_DTYPES:
             raise ValueError(f"prompts must hold integer token ids, got dtype {prompts.dtype}")
         B, T = prompts.shape
         if lengths is None:
@@ -154,7 +157,7 @@ def prompt_row(row, b: int) -> torch.Tensor:
         raise bad from None
     if tensor.dim() == 1 and tensor.numel() == 0:
         return tensor.to(torch.int64)  # empty: check_prompts names it
-    if tensor.dim() != 1 or tensor.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+    if tensor.dim() != 1 or tensor.dtype not in TOKEN_ID_DTYPES:
         raise bad
     return tensor
 

@@ -435,3 +435,14 @@ def test_one_sequence_takes_its_generator_alone_or_as_a_list_of_one(target, draf
     assert run([torch.Generator().manual_seed(7)]) == run(torch.Generator().manual_seed(7))
     with pytest.raises(ValueError, match="generator must be a torch.Generator or None, got int"):
         generate(target, prompt(), 4, temperature=1.0, generator=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_token_ids_of_any_integer_dtype_give_the_same_output(target, drafts, dtype):
+    ids = prompt()
+    baseline = generate(target, ids, 8).tolist()
+    assert generate(target, ids.to(dtype), 8).tolist() == baseline
+    out, _ = speculative_generate(target, drafts["perturbed"], ids.to(dtype), gamma=3, max_new_tokens=8)
+    assert out.tolist() == baseline
+    rows, _ = speculative_generate(target, drafts["perturbed"], [ids[0].to(dtype)], gamma=3, max_new_tokens=8)
+    assert rows == baseline
