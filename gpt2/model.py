@@ -167,10 +167,12 @@ class GPT2(nn.Module):
             that follows input_ids[:, t].
 
         Raises:
-            ValueError: the positions would run past the context window n_ctx
-                (or past the cache's capacity).
+            ValueError: no tokens, or positions that would run past the
+                context window n_ctx (or past the cache's capacity).
         """
         B, T = input_ids.size()
+        if T == 0:
+            raise ValueError("input_ids holds no tokens: a forward pass needs at least one")
         if mask is None:
             seen = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()  # (T, T): causal
         else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -27,6 +28,7 @@ import torch
 
 from gpt2 import fast
 from gpt2.fast import build
+from gpt2.generate import check_integer
 from gpt2.model import GPT2
 
 from .stats import clock
@@ -50,8 +52,9 @@ class StepCosts:
     t_verify: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if not self.t_verify or self.t_draft < 0 or min(self.t_verify) <= 0:
-            raise ValueError(f"step costs need t_draft >= 0 and positive t_verify times, got {self}")
+        finite = all(math.isfinite(t) for t in (self.t_draft, *self.t_verify))
+        if not self.t_verify or not finite or self.t_draft < 0 or min(self.t_verify) <= 0:
+            raise ValueError(f"step costs need a finite t_draft >= 0 and finite positive t_verify times, got {self}")
         object.__setattr__(self, "t_verify", tuple(float(t) for t in self.t_verify))
 
     @property
@@ -162,7 +165,7 @@ def machine_name() -> str:
 
 
 def calibrate(
-    target: GPT2, draft: GPT2 | None, max_tokens: int, *, cache_dir: Path | None = None, refresh: bool = False
+    target: GPT2, draft: GPT2 | None, max_tokens: int, *, cache_dir: str | Path | None = None, refresh: bool = False
 ) -> StepCosts:
     """t_d and t_v(1 .. max_tokens) for this pair on this machine: read from
     the cache folder if measured before, else measured now (`measure`) and
@@ -175,15 +178,18 @@ def calibrate(
         cache_dir: default `default_cache_dir()`.
         refresh: measure again even if a calibration is stored.
     """
+    max_tokens = check_integer(max_tokens, "max_tokens", 1)
     key = calibration_key(target, draft, max_tokens)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = (cache_dir or default_cache_dir()) / f"step-costs-{digest}.json"
+    path = Path(cache_dir or default_cache_dir()) / f"step-costs-{digest}.json"
     if not refresh and path.is_file():
         try:
             stored = json.loads(path.read_text())
-            return StepCosts(t_draft=stored["t_draft"], t_verify=tuple(stored["t_verify"]))
+            costs = StepCosts(t_draft=stored["t_draft"], t_verify=tuple(stored["t_verify"]))
+            if costs.max_tokens == max_tokens:
+                return costs
         except (OSError, ValueError, KeyError, TypeError):
-            pass  # unreadable or from an older format: measure again
+            pass  # unreadable, edited or from an older format: measure again
     costs = measure(target, draft, max_tokens)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

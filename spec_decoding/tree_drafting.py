@@ -233,7 +233,7 @@ class SimulatedTreeDrafter(TreeDrafter):
         self, draft: GPT2 | ModelDrafter, reference: torch.Tensor, profile: tuple[float, ...], *, seed: int = 0
     ) -> None:
         super().__init__(draft)
-        if not profile or min(profile) < 0 or sum(profile) > 1 + 1e-9:
+        if not profile or not all(0 <= p <= 1 for p in profile) or sum(profile) > 1 + 1e-9:  # NaN fails too
             raise ValueError(f"an acceptance profile is P(rank 1), P(rank 2), ... >= 0 summing to <= 1, got {profile}")
         self.reference = reference.flatten().tolist()
         self.profile = tuple(profile)

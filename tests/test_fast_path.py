@@ -276,6 +276,19 @@ def test_a_model_made_under_inference_mode_is_watched_too(fast_kernels):
     assert max_diff(quick_after, slow_after) <= ATOL
 
 
+def test_an_edit_through_data_is_seen_once_accelerate_runs_again(fast_kernels):
+    """`.data` has a version counter of its own, so the kernels' copy cannot
+    notice this edit (accelerate's docstring says so); accelerate again packs anew."""
+    model = fast.accelerate(new_model())
+    prompt, new = ids(1, 9, 1), ids(1, 3, 2)
+    slow, _ = readable_and_fast(model, prompt, new)
+    model.h[0].mlp.c_fc.weight.data.mul_(-1)
+    fast.accelerate(model)
+    slow_after, quick_after = readable_and_fast(model, prompt, new)
+    assert max_diff(slow_after, slow) > 1e-2
+    assert max_diff(quick_after, slow_after) <= ATOL
+
+
 # ---------------------------------------------------------------------------
 # What it cannot take goes to the readable path; status says why
 # ---------------------------------------------------------------------------
@@ -300,6 +313,34 @@ def test_passes_it_cannot_take_run_the_readable_code(fast_kernels):
     (fast_out,), _ = run(odd, ids(1, 5, 1, 50))  # width 36: not a multiple of 8
     (slow_out,), _ = run(odd, ids(1, 5, 1, 50), readable=True)
     assert torch.equal(fast_out, slow_out)
+
+
+def test_a_pass_of_no_tokens_is_refused_on_both_paths(fast_kernels):
+    model = fast.accelerate(new_model())
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    with torch.inference_mode():
+        cache = model.new_cache()
+        model(ids(1, 4, 1), cache)
+        for accelerator in (model.accelerator, None):
+            model.accelerator = accelerator
+            for cached in (None, cache):
+                with pytest.raises(ValueError, match="input_ids holds no tokens"):
+                    model(empty, cached)
+        assert cache.length == 4
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: fast.accelerate(None), "expected a GPT2 model .* got NoneType"),
+        (lambda: fast.accelerate(torch.nn.Linear(2, 2)), "expected a GPT2 model .* got Linear"),
+        (lambda: fast.accelerate(new_model(), int8="no"), "int8 must be True or False, got 'no'"),
+        (lambda: fast.status("gpt2"), "expected a GPT2 model .* got str"),
+    ],
+)
+def test_accelerate_and_status_refuse_what_is_not_a_model(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
 
 
 def test_accelerate_and_status_on_models_the_kernels_do_not_serve(monkeypatch):

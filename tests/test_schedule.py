@@ -220,6 +220,11 @@ def test_step_costs_refuse_nonsense():
         StepCosts(t_draft=0.1, t_verify=(1.0, 0.0))
     with pytest.raises(ValueError, match="t_draft >= 0"):
         StepCosts(t_draft=-1.0, t_verify=(1.0,))
+    for t in (float("nan"), float("inf")):  # would make every K look free, or none
+        with pytest.raises(ValueError, match="finite"):
+            StepCosts(t_draft=t, t_verify=(1.0,))
+        with pytest.raises(ValueError, match="finite"):
+            StepCosts(t_draft=0.1, t_verify=(1.0, t))
 
 
 CONFIG = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=32)
@@ -247,6 +252,19 @@ def test_calibration_is_measured_once_then_read_from_disk(tmp_path, monkeypatch)
     no_draft = calibrate(target, None, 13, cache_dir=tmp_path)
     assert no_draft.t_draft == 0.0
     assert len(list(tmp_path.glob("step-costs-*.json"))) == 3
+
+
+def test_a_stored_calibration_that_is_edited_or_short_is_measured_again(tmp_path):
+    target, draft = tiny_gpt2(CONFIG, seed=0), tiny_gpt2(CONFIG, seed=1)
+    costs = calibrate(target, draft, 13, cache_dir=str(tmp_path))  # a folder given as text works too
+    (stored,) = tmp_path.glob("step-costs-*.json")
+    record = json.loads(stored.read_text())
+    for edit in ({"t_draft": float("nan")}, {"t_verify": record["t_verify"][:5]}):
+        stored.write_text(json.dumps({**record, **edit}))
+        again = calibrate(target, draft, 13, cache_dir=tmp_path)
+        assert again.max_tokens == 13 and again.t_draft > 0 and again != costs  # measured anew
+    with pytest.raises(ValueError, match="max_tokens must be an integer >= 1"):
+        calibrate(target, draft, 2.5, cache_dir=tmp_path)
 
 
 def test_the_calibration_key_names_the_forward_path(tmp_path, fast_kernels):

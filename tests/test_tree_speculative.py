@@ -272,8 +272,9 @@ def test_a_one_branch_tree_meets_the_same_luck_as_the_chain(models, seed):
 def test_the_simulated_tree_drafter_refuses_bad_settings(models):
     target, drafts = models
     reference = generate(target, prompt(), 8)
-    with pytest.raises(ValueError, match="acceptance profile"):
-        SimulatedTreeDrafter(drafts["unrelated"], reference, (0.8, 0.5))
+    for profile in ((0.8, 0.5), (float("nan"),), (0.5, float("nan")), (-0.1, 0.5)):
+        with pytest.raises(ValueError, match="acceptance profile"):
+            SimulatedTreeDrafter(drafts["unrelated"], reference, profile)
     drafter = SimulatedTreeDrafter(drafts["unrelated"], reference, (0.5,))
     with pytest.raises(ValueError, match="greedy decoding only"):
         speculative_generate(target, drafter, prompt(), tree="2", max_new_tokens=4, temperature=1.0)

@@ -57,18 +57,36 @@ def accelerate(model: GPT2, *, int8: bool = False, adapt_threads: bool = True) -
             (gpt2/fast/threads.py; the results do not change). False: always
             `torch.get_num_threads()`.
 
+    The kernels read packed copies of the weight matrices, packed again
+    whenever a parameter changes as PyTorch counts changes: in-place ops on
+    the parameter (under `torch.no_grad()`), `load_state_dict`, or `p.data =
+    new`. An edit through `p.data.mul_(...)` or a NumPy view is not counted
+    (`.data` has a version counter of its own): call `accelerate` again after one.
+
     Returns:
         The same model.
 
     Raises:
-        ValueError: int8 for a model that is not on the CPU in float32.
+        ValueError: `model` is not a GPT2 or `int8` not a bool; int8 for a
+            model that is not on the CPU in float32.
     """
+    check_gpt2(model)
+    if not isinstance(int8, bool):
+        raise ValueError(f"int8 must be True or False, got {int8!r}")
     levels = quantize_model_int8(model) if int8 else None
     reason = unavailable(model)
     kernels = build.load() if reason is None else None  # compiles on first use
     usable = isinstance(kernels, build.Kernels)
     model.accelerator = FastGPT2(model, kernels, levels, adapt_threads) if usable else None
     return model
+
+
+def check_gpt2(model) -> None:
+    """Raises ValueError unless `model` is a GPT2 (gpt2/model.py)."""
+    from gpt2.model import GPT2  # here: gpt2.model must not import this package, and need not
+
+    if not isinstance(model, GPT2):
+        raise ValueError(f"expected a GPT2 model (gpt2.load_model('gpt2')), got {type(model).__name__}")
 
 
 def unavailable(model: GPT2 | None) -> str | None:
@@ -92,6 +110,8 @@ def unavailable(model: GPT2 | None) -> str | None:
 def status(model: GPT2 | None = None) -> str:
     """One line: which path runs (for `model`, or on this machine), and why.
     It compiles and loads nothing."""
+    if model is not None:
+        check_gpt2(model)
     readable = "readable path (F.linear + SDPA, the Block modules)"
     if model is not None and isinstance(getattr(model, "accelerator", None), FastGPT2):
         fast = model.accelerator

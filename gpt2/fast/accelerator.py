@@ -12,7 +12,9 @@ chunks: the kernels give a position the same bits however many tokens share
 its pass. It owns its weight copies (float32, or int8 where the model was
 quantised) and a table of pointers for blocks.c; before every pass it checks
 that the parameters are still the tensors, storage and versions those came
-from, and packs a changed weight again, so a copy never goes stale.
+from, and packs a changed weight again, so a copy never goes stale (an edit
+through `.data`, which bypasses the version counter, is the exception:
+`gpt2.fast.accelerate` says so).
 """
 
 from __future__ import annotations
