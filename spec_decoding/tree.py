@@ -107,15 +107,17 @@ class TokenTree:
         label = {i: repr(decode(t))[1:-1] for i, t in enumerate(self.tokens)}  # escapes, no quotes
         lines = [f"{label[0]}   (root)"]
 
-        def walk(node: int, indent: str) -> None:
+        def children_of(node: int, indent: str) -> list[tuple[int, str, bool]]:
+            """(child, its line's indent, is it the last child), last first: popped in order."""
             kids = self.children(node)
-            for k, child in enumerate(kids):
-                last = k == len(kids) - 1
-                mark = " ✓" if child in on_path else ""
-                lines.append(f"{indent}{'└── ' if last else '├── '}{label[child]}{mark}")
-                walk(child, indent + ("    " if last else "│   "))
+            return [(child, indent, k == len(kids) - 1) for k, child in enumerate(kids)][::-1]
 
-        walk(0, "")
+        stack = children_of(0, "")  # depth first, with a stack: a chain may be a thousand deep
+        while stack:
+            child, indent, last = stack.pop()
+            mark = " ✓" if child in on_path else ""
+            lines.append(f"{indent}{'└── ' if last else '├── '}{label[child]}{mark}")
+            stack += children_of(child, indent + ("    " if last else "│   "))
         if next_token is not None:
             lines.append(f"+ target: {repr(decode(next_token))[1:-1]}")
         return "\n".join(lines)

@@ -89,6 +89,12 @@ def test_a_tree_draws_itself_with_the_accepted_path_marked():
     assert TREE.draw(decode=lambda t: " a\nb").splitlines()[0] == " a\\nb   (root)"  # one line per node
 
 
+def test_a_chain_a_thousand_deep_draws_itself():  # as --show-tree draws --gamma 1023
+    chain = TokenTree(tokens=tuple(range(1024)), parents=(-1, *range(1023)))
+    lines = chain.draw(accepted=(1, 2)).splitlines()
+    assert len(lines) == 1024 and lines[2] == "    └── 2 ✓" and lines[-1] == " " * 4 * 1022 + "└── 1023"
+
+
 def test_children_come_after_their_parents():
     with pytest.raises(AssertionError, match="parents must come first"):
         TokenTree(tokens=(1, 2, 3), parents=(-1, 2, 0))
