@@ -2,7 +2,9 @@
 Multitask Learners", Table 2) as one frozen dataclass.
 
 The field names follow nanoGPT; `from_hf_config` reads the `config.json` that
-ships beside every Hugging Face GPT-2 checkpoint.
+ships beside every Hugging Face GPT-2 checkpoint, and refuses the settings
+that would make a checkpoint compute something this model does not
+(`GPT2_SETTINGS`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,22 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+
+
+# config.json fields that change the function a checkpoint computes, with the
+# values this hand-written GPT-2 implements: GPT-2's own, which are also
+# transformers' defaults, so an absent field is fine. `n_inner` (the MLP's
+# width, null for 4 * n_embd) is checked apart, as it depends on n_embd.
+# `reorder_and_upcast_attn` is allowed either way: it only computes the
+# attention scores in float32 (the same function, rounded differently in
+# float16/bfloat16).
+GPT2_SETTINGS: dict[str, tuple] = {
+    "activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # two names of GELU's tanh approximation
+    "scale_attn_weights": (True,),  # scores q k^T divided by sqrt(hs)
+    "scale_attn_by_inverse_layer_idx": (False,),  # and not also by layer + 1
+    "add_cross_attention": (False,),  # a decoder only: no encoder to attend to
+    "tie_word_embeddings": (True,),  # the LM head is wte, no lm_head.weight of its own
+}
 
 
 @dataclass(frozen=True)
@@ -58,7 +76,9 @@ class GPT2Config:
 
         Raises:
             FileNotFoundError: the file does not exist.
-            ValueError: the file is not JSON or is not a GPT-2 config.
+            ValueError: the file is not JSON or is not a GPT-2 config, or
+                sets a field of `GPT2_SETTINGS` (or n_inner) to a value this
+                model does not implement.
         """
         path = Path(path)
         if not path.is_file():
@@ -75,7 +95,7 @@ class GPT2Config:
         if model_type != "gpt2":
             raise ValueError(f"{path} describes a '{model_type}' model; only GPT-2 checkpoints are supported")
         try:
-            return cls(
+            config = cls(
                 n_layer=raw["n_layer"],
                 n_head=raw["n_head"],
                 n_embd=raw["n_embd"],
@@ -87,6 +107,8 @@ class GPT2Config:
             raise ValueError(f"{path} lacks the GPT-2 field {e}; is it a GPT-2 config.json?") from None
         except ValueError as e:  # a field of the wrong kind
             raise ValueError(f"{path}: {e}") from None
+        check_gpt2_settings(raw, config, path)
+        return config
 
     def to_hf_dict(self) -> dict:
         """The `config.json` fields a Hugging Face GPT-2 checkpoint carries."""
@@ -111,6 +133,29 @@ class GPT2Config:
         would lie outside a tiny vocabulary, and no run should stop early)."""
         no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
         return {**self.to_hf_dict(), **no_dropout, "bos_token_id": None, "eos_token_id": None}
+
+
+def check_gpt2_settings(raw: dict, config: GPT2Config, path: Path) -> None:
+    """Refuses a config.json (`raw`, read from `path`) that asks for a variant
+    of GPT-2 this model does not compute: loaded anyway, the checkpoint's
+    weights would silently give a different function.
+
+    Raises:
+        ValueError: naming the field, its value and the supported one.
+    """
+    unsupported = "which this hand-written GPT-2 does not implement: only GPT-2's own settings are supported"
+    for field, supported in GPT2_SETTINGS.items():
+        if field in raw and raw[field] not in supported:
+            raise ValueError(
+                f'{path} sets "{field}": {json.dumps(raw[field])}, {unsupported} '
+                f'("{field}": {json.dumps(supported[0])}, or leave the field out)'
+            )
+    width = 4 * config.n_embd
+    if raw.get("n_inner") not in (None, width):
+        raise ValueError(
+            f'{path} sets "n_inner": {json.dumps(raw["n_inner"])}, {unsupported} '
+            f'(an MLP 4 * n_embd = {width} wide: "n_inner": null or {width}, or leave the field out)'
+        )
 
 
 # The published checkpoints' shapes: handy for benchmarks with random weights.

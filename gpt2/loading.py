@@ -14,16 +14,22 @@ Two key layouts exist in the wild and both load:
 
 GPT-2's four projections per block (c_attn, c_proj, c_fc, mlp.c_proj) are
 Conv1D layers stored (in, out); our `Linear` keeps (out, in), so each is
-transposed once here, after a shape check against the config.
+transposed once here. Every tensor's name and shape is checked against
+config.json from the safetensors header alone, before the model is built:
+a config.json that does not match the weights costs nothing to refuse.
 """
 
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
+import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -97,7 +103,16 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 def is_model_folder(source: str | Path) -> bool:
     """A local folder counts as a model only if it holds config.json (so the
     `gpt2/` package folder is never mistaken for the `gpt2` checkpoint)."""
-    return Path(source).is_dir() and (Path(source) / "config.json").is_file()
+    return is_folder(source) and (Path(source) / "config.json").is_file()
+
+
+def is_folder(path: str | Path) -> bool:
+    """`Path.is_dir`, but False rather than an OSError for a name the file
+    system refuses to look up (longer than 255 bytes, say)."""
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def local_folder_for(repo_id: str, weights_dir: str | Path | None = None) -> Path:
@@ -139,7 +154,7 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
     try:
         ask_hub(probe, repo_id, "config.json", folder)
         print(f"downloading {repo_id} from {constants.ENDPOINT} into {folder}", file=sys.stderr)
-        folder.mkdir(parents=True, exist_ok=True)
+        make_download_folder(folder)
         for filename in wanted:
             if not (folder / filename).is_file():
                 fetch = partial(hf_hub_download, repo_id, filename, local_dir=folder, **progress)
@@ -149,6 +164,22 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
             shutil.rmtree(folder, ignore_errors=True)  # leave no empty folder behind a failed first try
         raise
     return folder
+
+
+def make_download_folder(folder: Path) -> None:
+    """Creates `folder` (and the weights folder above it) for a download.
+
+    Raises:
+        ValueError: it cannot be created (the weights folder is a file, or
+            not writable).
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(
+            f"cannot create the download folder {folder} ({e.strerror or type(e).__name__}): "
+            "pass a weights_dir (--weights-dir) that is a writable folder, or a local model folder"
+        ) from None
 
 
 def ask_hub(request: Callable[[], object], repo_id: str, filename: str, folder: Path) -> None:
@@ -241,24 +272,116 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
     """The local folder for `source`: itself if it is a model folder, else the
     download folder of the Hub repo it names (downloading if needed).
 
-    A path written as one (starting with /, . or ~) is never taken for a repo
-    id; a bare name such as "gpt2" is a repo id unless it is a folder holding
-    config.json.
+    A path written as one (a Path, or a str starting with /, . or ~) is never
+    taken for a repo id; a bare name such as "gpt2" is a repo id unless it is
+    a folder holding config.json.
+
+    Raises:
+        ValueError: `source` is empty, neither a model folder nor a valid Hub
+            id, or `source`/`weights_dir` is not a str or Path.
+        FileNotFoundError: a path that does not exist or has no config.json.
     """
-    if not isinstance(source, (str, Path)) or str(source).strip() == "":
-        raise ValueError("the model source is empty: pass a Hub repo id such as 'gpt2' or a local folder")
-    if is_model_folder(source):
-        return Path(source)
+    if not isinstance(source, (str, Path)):
+        raise ValueError(
+            f"the model source must be a Hub repo id such as 'gpt2' or a local folder (a str or Path), "
+            f"not {type(source).__name__} {source!r}"
+        )
     text = str(source)
+    if text.strip() == "":
+        raise ValueError("the model source is empty: pass a Hub repo id such as 'gpt2' or a local folder")
+    if weights_dir is not None and not isinstance(weights_dir, (str, Path)):
+        raise ValueError(
+            f"weights_dir must be the folder for downloads (a str or Path) or None for the repository's "
+            f"weights/, not {type(weights_dir).__name__} {weights_dir!r}"
+        )
+    folder = expand_home(text)
+    if is_model_folder(folder):
+        return folder
     if isinstance(source, Path) or text.startswith(("/", ".", "~")) or text.count("/") > 1:
-        folder = Path(text).expanduser()
-        if folder.is_dir():
+        if is_folder(folder):
             raise FileNotFoundError(
                 f"{folder} has no config.json: a model folder needs config.json and model.safetensors "
                 "(as downloaded from the Hugging Face Hub)"
             )
         raise FileNotFoundError(f"model folder {folder} does not exist: check the path, or pass a Hub repo id such as 'gpt2'")
+    check_repo_id(text)
     return download(text, weights_dir)
+
+
+def expand_home(text: str) -> Path:
+    """`text` as a path, with a leading ~ or ~user replaced by that home folder.
+
+    Raises:
+        FileNotFoundError: ~user names a user this machine does not have
+            (or there is no home folder at all).
+    """
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # pathlib's "Could not determine home directory"
+        home = text.split("/", 1)[0]
+        raise FileNotFoundError(
+            f"model folder {text} does not exist: '{home}' names no home folder on this machine; "
+            "check the path, or pass a Hub repo id such as 'gpt2'"
+        ) from None
+
+
+def check_repo_id(text: str) -> None:
+    """Checks that `text`, which is no local model folder, can name a Hub repo.
+
+    Raises:
+        ValueError: it cannot (spaces, a ':', too long, ...): the message says
+            that it was taken for a Hub id, since it is no folder.
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        shown = text if len(text) <= 100 else text[:97] + "..."
+        raise ValueError(
+            f"'{shown}' is neither a local folder with config.json nor a valid Hub id such as 'gpt2' or "
+            "'openai-community/gpt2-large' (a Hub id is letters, digits, '-', '_' and '.', at most 96 "
+            "characters, with one '/' at most): check the spelling, or write a local folder as ./name"
+        ) from None
+
+
+@contextmanager
+def reading_safetensors(path: Path) -> Iterator[None]:
+    """Turns the errors of reading the .safetensors file `path` (within the
+    `with` block) into ours.
+
+    Raises:
+        FileNotFoundError: the file is missing.
+        ValueError: the file is truncated or not safetensors.
+    """
+    from safetensors import SafetensorError
+
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: a model folder needs model.safetensors (pickled .bin checkpoints are not loaded)"
+        )
+    try:
+        yield
+    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+        raise ValueError(
+            f"{path} is corrupt or truncated ({str(e).splitlines()[0][:120]}): delete it and download it again"
+        ) from None
+
+
+def read_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every tensor in a .safetensors file, read from its
+    header alone (no weight is read; safetensors checks that the header and the
+    file's size agree).
+
+    Raises:
+        FileNotFoundError: the file is missing.
+        ValueError: the file is truncated or not safetensors.
+    """
+    from safetensors import safe_open
+
+    with reading_safetensors(path), safe_open(str(path), framework="pt") as f:
+        return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
 
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -268,70 +391,114 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
         FileNotFoundError: the file is missing.
         ValueError: the file is truncated or not safetensors.
     """
-    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found: a model folder needs model.safetensors (pickled .bin checkpoints are not loaded)"
-        )
-    try:
+    with reading_safetensors(path):
         return load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
-        raise ValueError(
-            f"{path} is corrupt or truncated ({str(e).splitlines()[0][:120]}): delete it and download it again"
-        ) from None
 
 
-def checkpoint_to_model_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def checkpoint_to_model_keys(state: dict[str, object]) -> dict[str, object]:
     """Maps both checkpoint key layouts onto our parameter names, dropping the
-    mask buffers and the tied `lm_head.weight`."""
+    mask buffers and the tied `lm_head.weight`. The values (tensors, or
+    shapes) are kept as they are."""
     out = {}
-    for key, tensor in state.items():
+    for key, value in state.items():
         name = key.removeprefix("transformer.")
         if name == "lm_head.weight" or name.endswith(IGNORED_SUFFIXES):
             continue
-        out[name] = tensor
+        out[name] = value
     return out
 
 
-def load_weights(model: GPT2, state: dict[str, torch.Tensor], *, source: str = "checkpoint") -> None:
-    """Copies checkpoint tensors into `model`, transposing the Conv1D weights.
+def stored_shapes(config: GPT2Config) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """The shape of each tensor a checkpoint of `config` holds, as stored
+    (Conv1D weights (in, out)): those outside the blocks (`wte.weight`,
+    `wpe.weight`, `ln_f.*`), and those of one block, named without their
+    `h.N.` (`ln_1.weight`, `attn.c_attn.weight`, ...).
+
+    Read off a GPT2 with one block on the meta device: no memory and no
+    work, however large the config's sizes.
+    """
+    with torch.device("meta"):
+        one_block = GPT2(replace(config, n_layer=1))
+    outside, block = {}, {}
+    for name, param in one_block.named_parameters():
+        shape = tuple(param.shape)
+        if name.endswith(CONV1D_SUFFIXES):
+            shape = shape[::-1]  # Linear (out, in) -> Conv1D (in, out)
+        if name.startswith("h.0."):
+            block[name.removeprefix("h.0.")] = shape
+        else:
+            outside[name] = shape
+    return outside, block
+
+
+def check_fits_config(shapes: dict[str, tuple[int, ...]], config: GPT2Config, *, source: str) -> None:
+    """Checks that a checkpoint holds exactly the tensors `config` needs, each
+    of the shape it needs, from their names and shapes alone (`read_shapes`).
+
+    Run before the model is built, so that a config.json that does not match
+    the weights (n_embd 2**20, vocab_size 10**9, n_layer 10**6) is refused at
+    once rather than after allocating terabytes or building a million blocks:
+    the work is bounded by the checkpoint's tensors, never by config.n_layer.
+
+    Args:
+        shapes: tensor name (our names: `checkpoint_to_model_keys`) -> shape as stored.
+        config: the model's config (from config.json).
+        source: the checkpoint's name for messages.
 
     Raises:
         ValueError: a tensor is missing, unexpected, or of the wrong shape
             (the message names the tensor and both shapes).
     """
-    state = checkpoint_to_model_keys(state)
-    expected = dict(model.named_parameters())
-    missing = sorted(set(expected) - set(state))
-    if missing:
+    outside, block = stored_shapes(config)
+
+    def needed_shape(name: str) -> tuple[int, ...] | None:
+        """The shape `config` needs for tensor `name`, or None if it has no such tensor."""
+        in_block = re.fullmatch(r"h\.(0|[1-9][0-9]*)\.(.+)", name)  # h.<layer>.<name in the block>
+        if in_block is None:
+            return outside.get(name)
+        layer, name_in_block = int(in_block[1]), in_block[2]
+        return block.get(name_in_block) if layer < config.n_layer else None
+
+    def needed_names() -> Iterator[str]:
+        """Every name the config needs, in the model's order, made one at a
+        time: the first missing one ends the search, so a config.json with a
+        million layers costs nothing."""
+        return itertools.chain(outside, (f"h.{i}.{name}" for i in range(config.n_layer) for name in block))
+
+    first_missing = next((name for name in needed_names() if name not in shapes), None)
+    if first_missing is not None:
+        n_needed = len(outside) + config.n_layer * len(block)
+        n_missing = n_needed - sum(needed_shape(name) is not None for name in shapes)
         raise ValueError(
-            f"{source} lacks {len(missing)} tensor(s) the config needs, e.g. '{missing[0]}': "
+            f"{source} lacks {n_missing} tensor(s) the config needs, e.g. '{first_missing}': "
             "is config.json from the same checkpoint?"
         )
-    unexpected = sorted(set(state) - set(expected))
+    unexpected = sorted(name for name in shapes if needed_shape(name) is None)
     if unexpected:
         raise ValueError(f"{source} has tensor(s) GPT-2 does not use, e.g. '{unexpected[0]}': is it a GPT-2 checkpoint?")
 
+    for name in needed_names():  # now exactly the checkpoint's names, wte.weight first
+        shape, want = tuple(shapes[name]), needed_shape(name)
+        if shape != want:
+            layout = " (Conv1D layout, in x out)" if name.endswith(CONV1D_SUFFIXES) else ""
+            raise ValueError(
+                f"tensor '{name}' in {source} has shape {shape} but the config needs "
+                f"{want}{layout}: config.json does not match the weights"
+            )
+
+
+def load_weights(model: GPT2, state: dict[str, torch.Tensor]) -> None:
+    """Copies checkpoint tensors into `model`, transposing the Conv1D weights.
+    `state` (our names: `checkpoint_to_model_keys`) must have passed
+    `check_fits_config` for `model.config`."""
     with torch.no_grad():
-        for name, param in expected.items():
+        for name, param in model.named_parameters():
             tensor = state[name]
             if name.endswith(CONV1D_SUFFIXES):
-                # Conv1D stores (in, out); Linear wants (out, in).
-                want = (param.shape[1], param.shape[0])
-                if tuple(tensor.shape) != want:
-                    raise ValueError(
-                        f"tensor '{name}' in {source} has shape {tuple(tensor.shape)} but the config needs "
-                        f"{want} (Conv1D layout, in x out): config.json does not match the weights"
-                    )
-                tensor = tensor.t()  # (in, out) -> (out, in)
-            elif tuple(tensor.shape) != tuple(param.shape):
-                raise ValueError(
-                    f"tensor '{name}' in {source} has shape {tuple(tensor.shape)} but the config needs "
-                    f"{tuple(param.shape)}: config.json does not match the weights"
-                )
-            assert tuple(tensor.shape) == tuple(param.shape), name
+                tensor = tensor.t()  # Conv1D (in, out) -> Linear (out, in)
+            assert tuple(tensor.shape) == tuple(param.shape), f"{name}: {tuple(tensor.shape)} vs {tuple(param.shape)}"
             param.copy_(tensor)
 
 
@@ -372,11 +539,14 @@ def load_model(
     quantization = resolve_quantize(quantize, dev, dt)
     folder = resolve_source(source, weights_dir)
     config = GPT2Config.from_hf_config(folder / "config.json")
-    state = load_state_dict(folder / "model.safetensors")
+    path = folder / "model.safetensors"
+    # config.json against the file's header first: nothing sized by the config is made before it fits.
+    check_fits_config(checkpoint_to_model_keys(read_shapes(path)), config, source=str(path))
+    state = checkpoint_to_model_keys(load_state_dict(path))
     with torch.device("meta"):
         model = GPT2(config)  # shapes only: no memory, no random init
     model = model.to_empty(device="cpu")
-    load_weights(model, state, source=str(folder / "model.safetensors"))
+    load_weights(model, state)
     del state
     model = model.to(device=dev, dtype=dt).eval()
     int8 = quantization == "int8"

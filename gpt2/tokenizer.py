@@ -7,7 +7,8 @@ rules as `merges.txt`. In GPT-2 the merge of rank r creates token 256 + r, so
 tiktoken's "mergeable ranks" are simply the vocabulary's ids; we read them from
 vocab.json and check them against merges.txt. With the files of a downloaded
 model nothing else is fetched; without them we fall back to
-`tiktoken.get_encoding("gpt2")` (which downloads and caches its own copy).
+`tiktoken.get_encoding("gpt2")` (which downloads and caches its own copy, in
+TIKTOKEN_CACHE_DIR if set).
 """
 
 from __future__ import annotations
@@ -68,19 +69,74 @@ def read_mergeable_ranks(vocab_json: Path, merges_txt: Path) -> dict[bytes, int]
 
 
 def load_tokenizer(folder: str | Path | None = None) -> tiktoken.Encoding:
-    """The GPT-2 tokenizer, from `folder`'s vocab.json + merges.txt if present,
-    otherwise tiktoken's "gpt2" encoding (which needs its own files once).
+    """The GPT-2 tokenizer, from `folder`'s vocab.json + merges.txt if it holds
+    them, otherwise (a folder with neither, or None) tiktoken's "gpt2" encoding,
+    which tiktoken downloads once and then reads from its cache.
 
     End-of-text is token 50256 ("<|endoftext|>").
+
+    Raises:
+        FileNotFoundError: `folder` does not exist or is not a folder; or
+            tiktoken's own files are needed and cannot be had (no network,
+            nothing cached).
+        ValueError: `folder` is not a str or Path; it holds one of the two
+            files without the other; or they are not a GPT-2 vocabulary.
     """
-    if folder is not None:
-        vocab, merges = Path(folder) / "vocab.json", Path(folder) / "merges.txt"
-        if vocab.is_file() and merges.is_file():
-            ranks = read_mergeable_ranks(vocab, merges)
-            return tiktoken.Encoding(
-                name="gpt2",
-                pat_str=GPT2_SPLIT_PATTERN,
-                mergeable_ranks=ranks,
-                special_tokens={END_OF_TEXT: END_OF_TEXT_ID},
+    if folder is None:
+        return tiktoken_gpt2(
+            "no tokenizer folder was given", "pass a folder holding GPT-2's vocab.json and merges.txt"
+        )
+    if not isinstance(folder, (str, Path)) or str(folder).strip() == "":
+        raise ValueError(
+            f"the tokenizer folder must be a folder holding vocab.json and merges.txt (a str or Path), "
+            f"or None for tiktoken's GPT-2 files; got {type(folder).__name__} {folder!r}"
+        )
+    folder = Path(folder)
+    try:
+        problem = None if folder.is_dir() else "is not a folder" if folder.exists() else "does not exist"
+    except OSError:  # a name the file system refuses to look up (too long, say)
+        problem = "does not exist"
+    if problem is not None:
+        raise FileNotFoundError(
+            f"tokenizer folder {folder} {problem}: pass the model folder that holds vocab.json and merges.txt, "
+            "or None for tiktoken's GPT-2 files"
+        )
+
+    vocab, merges = folder / "vocab.json", folder / "merges.txt"
+    if not vocab.exists() and not merges.exists():
+        return tiktoken_gpt2(
+            f"{folder} has no vocab.json and merges.txt", f"copy GPT-2's vocab.json and merges.txt into {folder}"
+        )
+    # ValueErrors, not FileNotFoundErrors: the folder is there but broken, and
+    # the CLI reports a FileNotFoundError from here as tiktoken's files missing.
+    for path in (vocab, merges):
+        if path.exists() and not path.is_file():
+            raise ValueError(f"{path} is not a file: put the model's own {path.name} there")
+    for path, other in ((vocab, merges), (merges, vocab)):
+        if not path.exists():
+            raise ValueError(
+                f"{folder} has {other.name} but no {path.name}: a GPT-2 tokenizer needs both, from the same "
+                f"model; copy its {path.name} into {folder} (or remove {other.name} to use tiktoken's GPT-2 files)"
             )
-    return tiktoken.get_encoding("gpt2")
+    return tiktoken.Encoding(
+        name="gpt2",
+        pat_str=GPT2_SPLIT_PATTERN,
+        mergeable_ranks=read_mergeable_ranks(vocab, merges),
+        special_tokens={END_OF_TEXT: END_OF_TEXT_ID},
+    )
+
+
+def tiktoken_gpt2(why: str, fix: str) -> tiktoken.Encoding:
+    """tiktoken's own "gpt2" encoding, used because of `why`.
+
+    Raises:
+        FileNotFoundError: tiktoken cannot get its files (no network and
+            nothing cached); the message says `why` they were needed, and `fix`.
+    """
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except (OSError, ValueError) as e:  # requests' errors are OSErrors; a bad download is a ValueError
+        raise FileNotFoundError(
+            f"{why}, and tiktoken could not get its own 'gpt2' files ({type(e).__name__}; no network?): "
+            f"{fix}, or connect to the internet once so that tiktoken caches its files"
+        ) from None

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from helpers import REPO_ROOT, TINY, hub_state_dict, make_hf_model, write_checkpoint
 from gpt2 import GPT2, GPT2Config, load_model
+from gpt2 import loading
 
 REPO_ID = "someorg/tiny-gpt2"
 
@@ -27,6 +28,12 @@ def state() -> dict[str, torch.Tensor]:
 def folder(tmp_path, state) -> Path:
     """A tiny checkpoint folder in the Hub layout."""
     return write_checkpoint(tmp_path / "tiny", TINY, state)
+
+
+def rewrite_config(folder: Path, **fields) -> None:
+    """Sets `fields` in folder/config.json (the rest as it was)."""
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
 
 
 def assert_holds(model: GPT2, state: dict[str, torch.Tensor]) -> None:
@@ -235,6 +242,51 @@ def test_empty_source_raises_value_error():
         load_model("")
 
 
+NOT_A_HUB_ID = "is neither a local folder with config.json nor a valid Hub id such as 'gpt2'"
+
+
+@pytest.mark.parametrize(
+    "source, error, match",
+    [
+        ("~no-such-user-for-gpt2-tests", FileNotFoundError, "'~no-such-user-for-gpt2-tests' names no home folder"),
+        ("~no-such-user-for-gpt2-tests/model", FileNotFoundError, "names no home folder on this machine"),
+        ("x" * 300, ValueError, NOT_A_HUB_ID),  # longer than a file name may be
+        (Path("x" * 300), FileNotFoundError, "does not exist"),
+        ("a b c", ValueError, f"'a b c' {NOT_A_HUB_ID}"),
+        ("gpt2:main", ValueError, f"'gpt2:main' {NOT_A_HUB_ID}"),
+        ("gpt2\x00", ValueError, NOT_A_HUB_ID),
+        (5, ValueError, "the model source must be a Hub repo id such as 'gpt2' or a local folder .*not int 5"),
+        (None, ValueError, "the model source must be .*not NoneType None"),
+    ],
+)
+def test_a_source_that_is_no_folder_and_no_hub_id_says_so(no_hub, tmp_path, source, error, match):
+    """Each is refused before any download (`no_hub`: a download would fail differently)."""
+    weights = tmp_path / "weights"
+    with pytest.raises(error, match=match):
+        load_model(source, weights_dir=weights)
+    assert not weights.exists()
+
+
+@pytest.mark.parametrize("weights_dir", [5, 1.5, b"weights", ["weights"]])
+def test_a_weights_dir_that_is_no_path_raises_value_error(no_hub, weights_dir):
+    match = f"weights_dir must be the folder for downloads .*not {type(weights_dir).__name__}"
+    with pytest.raises(ValueError, match=match):
+        load_model(REPO_ID, weights_dir=weights_dir)
+
+
+def test_a_weights_dir_that_is_a_file_raises_value_error(hub, tmp_path, folder):
+    hub({REPO_ID: served_files(folder)})
+    weights = tmp_path / "weights"
+    weights.write_text("a file where the downloads should go")
+    with pytest.raises(ValueError, match=f"cannot create the download folder {weights / 'someorg--tiny-gpt2'}"):
+        load_model(REPO_ID, weights_dir=weights)
+
+
+def test_a_folder_under_home_written_with_a_tilde_loads(monkeypatch, folder, state):
+    monkeypatch.setenv("HOME", str(folder.parent))
+    assert_holds(load_model(f"~/{folder.name}"), state)
+
+
 @pytest.mark.parametrize(
     "field, value",
     [("n_layer", True), ("n_head", 2.0), ("layer_norm_epsilon", "x"), ("layer_norm_epsilon", None),
@@ -268,6 +320,35 @@ def test_a_tensor_that_does_not_fit_the_config_names_it_and_both_shapes(folder, 
         load_model(folder)
 
 
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        ({"n_embd": 2**20}, r"'wte.weight' .* shape \(101, 32\) but the config needs \(101, 1048576\)"),
+        ({"vocab_size": 10**9}, r"'wte.weight' .* shape \(101, 32\) but the config needs \(1000000000, 32\)"),
+        ({"n_positions": 10**8, "n_ctx": 10**8},
+         r"'wpe.weight' .* shape \(64, 32\) but the config needs \(100000000, 32\)"),
+        ({"n_layer": 10**6}, r"lacks 11999976 tensor\(s\) the config needs, e.g. 'h.2.ln_1.weight'"),
+        ({"n_layer": 20000}, r"lacks 239976 tensor\(s\) the config needs, e.g. 'h.2.ln_1.weight'"),
+        ({"n_embd": 48, "n_head": 4}, r"'wte.weight' .* shape \(101, 32\) but the config needs \(101, 48\)"),
+    ],
+)
+def test_huge_sizes_in_config_json_are_refused_from_the_header_before_anything_is_built(
+    folder, monkeypatch, fields, match
+):
+    """Sizes that do not match the weights are caught from the safetensors
+    header alone: the weights are never read and no model is allocated (which
+    would take terabytes, or minutes for a million blocks)."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("config.json must be checked against the header before this")
+
+    monkeypatch.setattr(loading, "load_state_dict", forbidden)
+    monkeypatch.setattr(GPT2, "to_empty", forbidden)
+    rewrite_config(folder, **fields)
+    with pytest.raises(ValueError, match=match):
+        load_model(folder)
+
+
 def test_a_conv1d_weight_stored_transposed_names_it_and_both_shapes(tmp_path, state):
     bad = dict(state)
     bad["h.1.mlp.c_fc.weight"] = state["h.1.mlp.c_fc.weight"].t().contiguous()  # (out, in) instead of (in, out)
@@ -288,6 +369,88 @@ def test_a_checkpoint_with_more_layers_than_the_config_raises_value_error(tmp_pa
     shallower = GPT2Config(**{**TINY.__dict__, "n_layer": 1})
     (folder / "config.json").write_text(json.dumps(shallower.to_hf_dict()))
     with pytest.raises(ValueError, match="tensor.* GPT-2 does not use, e.g. 'h.1."):
+        load_model(folder)
+
+
+# openai-community/gpt2's config.json as published on the Hub, with the tiny sizes.
+HUB_GPT2_CONFIG = {
+    "activation_function": "gelu_new",
+    "architectures": ["GPT2LMHeadModel"],
+    "attn_pdrop": 0.1,
+    "bos_token_id": 50256,
+    "embd_pdrop": 0.1,
+    "eos_token_id": 50256,
+    "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05,
+    "model_type": "gpt2",
+    "n_ctx": 64,
+    "n_embd": 32,
+    "n_head": 4,
+    "n_layer": 2,
+    "n_positions": 64,
+    "resid_pdrop": 0.1,
+    "summary_activation": None,
+    "summary_first_dropout": 0.1,
+    "summary_proj_to_labels": True,
+    "summary_type": "cls_index",
+    "summary_use_proj": True,
+    "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+    "vocab_size": 101,
+}
+# distilgpt2's extra fields, and those transformers' save_pretrained writes out (GPT-2's own values).
+DISTILGPT2_EXTRA = {"_num_labels": 1, "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}
+SAVE_PRETRAINED_EXTRA = {
+    "add_cross_attention": False, "n_inner": None, "reorder_and_upcast_attn": False,
+    "scale_attn_by_inverse_layer_idx": False, "scale_attn_weights": True, "tie_word_embeddings": True,
+    "use_cache": True, "transformers_version": "4.57.0",
+}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        DISTILGPT2_EXTRA,
+        SAVE_PRETRAINED_EXTRA,
+        {**SAVE_PRETRAINED_EXTRA, "n_inner": 4 * 32, "activation_function": "gelu_pytorch_tanh"},  # the same MLP
+        {**SAVE_PRETRAINED_EXTRA, "reorder_and_upcast_attn": True},  # float32 scores: the same function
+    ],
+    ids=["gpt2", "distilgpt2", "save_pretrained", "same_mlp_spelled_out", "reorder_and_upcast_attn"],
+)
+def test_the_official_config_json_fields_load(folder, state, extra):
+    (folder / "config.json").write_text(json.dumps({**HUB_GPT2_CONFIG, **extra}))
+    assert_holds(load_model(folder), state)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("activation_function", "relu"),
+        ("activation_function", "gelu"),  # the exact erf GELU, not GPT-2's tanh approximation
+        ("activation_function", None),
+        ("scale_attn_weights", False),
+        ("scale_attn_by_inverse_layer_idx", True),
+        ("add_cross_attention", True),
+        ("tie_word_embeddings", False),
+        ("n_inner", 100),
+        ("n_inner", 4 * 32 + 1),
+    ],
+)
+def test_a_config_json_setting_this_model_does_not_compute_raises_value_error(folder, field, value):
+    """Loaded anyway, the weights would silently compute another function."""
+    rewrite_config(folder, **{field: value})
+    match = f'sets "{field}": {json.dumps(value)}, .*only GPT-2\'s own settings are supported'
+    with pytest.raises(ValueError, match=match):
+        load_model(folder)
+
+
+def test_an_untied_lm_head_is_refused_not_dropped(tmp_path, state):
+    """A checkpoint with its own lm_head.weight (tie_word_embeddings false):
+    dropping it, as a tied copy is, would compute other logits."""
+    untied = {**state, "lm_head.weight": torch.randn(TINY.vocab_size, TINY.n_embd)}
+    folder = write_checkpoint(tmp_path / "untied", TINY, untied)
+    rewrite_config(folder, tie_word_embeddings=False)
+    with pytest.raises(ValueError, match='"tie_word_embeddings": false, which this hand-written GPT-2 does not'):
         load_model(folder)
 
 

@@ -8,7 +8,10 @@ import json
 import shutil
 
 import pytest
+import requests
 import tiktoken
+import tiktoken.load
+import tiktoken.registry
 
 from gpt2 import END_OF_TEXT_ID, load_tokenizer
 
@@ -39,6 +42,23 @@ def model_folder(tmp_path_factory, gpt2_bpe_dir):
 @pytest.fixture(scope="module")
 def enc(model_folder) -> tiktoken.Encoding:
     return load_tokenizer(model_folder)
+
+
+@pytest.fixture
+def tiktoken_offline(monkeypatch, tmp_path) -> list[str]:
+    """tiktoken as on a machine with no network and nothing cached: an empty
+    cache folder, no encoding loaded yet, and every download raising requests'
+    ConnectionError (no request leaves). Returns the URLs tiktoken asked for."""
+    asked = []
+
+    def no_network(url: str) -> bytes:
+        asked.append(url)
+        raise requests.ConnectionError(f"no network in the tests: {url}")
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty_tiktoken_cache"))
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # forget the "gpt2" loaded by earlier tests
+    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
+    return asked
 
 
 def test_golden_ids(enc):
@@ -112,3 +132,63 @@ def test_a_vocab_json_that_is_not_json_raises_value_error(tmp_path, model_folder
     shutil.copyfile(model_folder / "merges.txt", tmp_path / "merges.txt")
     with pytest.raises(ValueError, match="is not a GPT-2 vocab.json"):
         load_tokenizer(tmp_path)
+
+
+# ---------------------------------------------------------------------------
+# Folders that are not a tokenizer, and tiktoken's fallback offline
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("folder", [None, "empty folder"])
+def test_with_no_network_the_fallback_says_how_to_get_the_files(tiktoken_offline, tmp_path, folder):
+    if folder is not None:
+        folder = tmp_path / folder
+        folder.mkdir()
+    with pytest.raises(FileNotFoundError) as info:
+        load_tokenizer(folder)
+    message = str(info.value)
+    assert "tiktoken could not get its own 'gpt2' files (ConnectionError; no network?)" in message
+    assert "vocab.json and merges.txt" in message and "connect to the internet once" in message
+    assert ("no tokenizer folder was given" if folder is None else f"{folder} has no vocab.json") in message
+    assert tiktoken_offline, "the fallback went to tiktoken's download"
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda tmp: tmp / "nowhere", FileNotFoundError, "tokenizer folder .*nowhere does not exist"),
+        (lambda tmp: tmp / ("x" * 300), FileNotFoundError, "does not exist"),  # a name too long to look up
+        (lambda tmp: tmp / "model" / "vocab.json", FileNotFoundError, "tokenizer folder .*vocab.json is not a folder"),
+        (lambda tmp: 5, ValueError, "the tokenizer folder must be a folder .*got int 5"),
+        (lambda tmp: "", ValueError, "the tokenizer folder must be a folder .*got str ''"),
+    ],
+    ids=["missing", "name_too_long", "a_file", "an_int", "empty"],
+)
+def test_a_folder_that_is_no_folder_says_so(tiktoken_offline, tmp_path, model_folder, make, error, match):
+    shutil.copytree(model_folder, tmp_path / "model")
+    with pytest.raises(error, match=match):
+        load_tokenizer(make(tmp_path))
+    assert not tiktoken_offline, "no fallback to tiktoken's files for a path that is wrong"
+
+
+@pytest.mark.parametrize(
+    "vocab, merges, match",
+    [
+        ("file", None, "has vocab.json but no merges.txt: .*copy its merges.txt into"),
+        (None, "file", "has merges.txt but no vocab.json: .*copy its vocab.json into"),
+        ("folder", "file", "vocab.json is not a file"),
+        ("folder", None, "vocab.json is not a file"),
+        ("file", "folder", "merges.txt is not a file"),
+    ],
+)
+def test_a_folder_with_half_a_tokenizer_names_the_missing_file(
+    tiktoken_offline, tmp_path, model_folder, vocab, merges, match
+):
+    for name, kind in (("vocab.json", vocab), ("merges.txt", merges)):
+        if kind == "file":
+            shutil.copyfile(model_folder / name, tmp_path / name)
+        elif kind == "folder":
+            (tmp_path / name).mkdir()
+    with pytest.raises(ValueError, match=match):
+        load_tokenizer(tmp_path)
+    assert not tiktoken_offline, "half a tokenizer is an error, not a reason to fetch tiktoken's"
