@@ -37,8 +37,8 @@ from statistics import median
 
 import torch
 
-from benchmarks.common import build_pair, environment, environment_lines, markdown_table, results_dir, run_cli
-from benchmarks.common import write_json
+from benchmarks.common import build_pair, check_range, environment, environment_lines, markdown_table, results_dir
+from benchmarks.common import run_cli, set_threads, shape, write_json
 from benchmarks.decode_speed import BandwidthProbe, timed, weight_bytes
 from gpt2 import GPT2, fast, generate
 from gpt2.fast.quantize import matrix_weights
@@ -47,6 +47,8 @@ from spec_decoding import SimulatedBatchDrafter, predicted_speedup, speculative_
 MAIN_GAMMA = 4  # the issue's setting for the main table
 GOAL_PLAIN_B8 = 5.0  # plain B = 8 against plain B = 1
 GOAL_SPEC_B2 = 1.3  # speculative B = 2 (best gamma) against plain B = 2
+MAX_B = 256  # rows of a pass at most (--batch-sizes, --step-batches): gpt2-large caches 0.37 MB a row and position
+SPREAD = 12  # prompt lengths differ from --prompt-len by up to this many tokens
 
 
 def say(message: str) -> None:
@@ -56,7 +58,7 @@ def say(message: str) -> None:
 def make_prompts(B: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
     """B prompts of random token ids, of different lengths around `length`."""
     g = torch.Generator().manual_seed(seed)
-    lengths = [max(1, length + (8 * b) % 25 - 12) for b in range(B)]  # e.g. 20 .. 44 for length 32
+    lengths = [max(1, length + (8 * b) % (2 * SPREAD + 1) - SPREAD) for b in range(B)]  # e.g. 20 .. 44 for 32
     return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
@@ -314,35 +316,49 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", default="gpt2-large", help="target shape (random weights)")
     p.add_argument("--draft", default="gpt2", help="draft shape (random weights)")
     p.add_argument("--tiny", action="store_true", help="tiny random models, for tests and smoke runs")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8], help="B of the generation runs")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8],
+                   help=f"B of the generation runs, at most {MAX_B}")
     p.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4], help="draft lengths to time")
-    p.add_argument("--step-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="B of the step costs")
+    p.add_argument("--step-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16],
+                   help=f"B of the step costs, at most {MAX_B}")
     p.add_argument("--alpha", type=float, default=0.8, help="simulated acceptance rate")
     p.add_argument("--new-tokens", type=int, default=24, help="new tokens per row")
-    p.add_argument("--prompt-len", type=int, default=32, help="prompt length (rows differ by up to +-12)")
+    p.add_argument("--prompt-len", type=int, default=32, help=f"prompt length (rows differ by up to +-{SPREAD})")
     p.add_argument("--prompts", type=int, default=None,
                    help="prompts every B serves, B at a time (default: the largest --batch-sizes)")
     p.add_argument("--context", type=int, default=64, help="cached positions per row for the step costs")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=0, help="uncounted full repeats first (after a short warm-up)")
-    p.add_argument("--bandwidth-mib", type=int, default=256, help="size of the read-bandwidth probe")
-    p.add_argument("--threads", type=int, default=None, help="torch (and kernel) threads; default: torch's")
+    p.add_argument("--bandwidth-mib", type=int, default=256,
+                   help=f"size of the read-bandwidth probe, at most {BandwidthProbe.MAX_MIB}")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch (and kernel) threads, at most the logical CPUs; default: torch's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="results folder")
     args = p.parse_args(argv)
     for name in ("batch_sizes", "gammas", "step_batches"):
         if min(getattr(args, name)) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must all be >= 1")
+    for name in ("batch_sizes", "step_batches"):
+        check_range(f"--{name.replace('_', '-')}", max(getattr(args, name)), 1, MAX_B, " (rows of a pass)")
     if 1 not in args.batch_sizes or 1 not in args.step_batches:
         raise ValueError("--batch-sizes and --step-batches must include 1: every ratio is against B = 1")
     if not 0.0 <= args.alpha <= 1.0:
         raise ValueError(f"--alpha must lie in [0, 1], got {args.alpha}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    BandwidthProbe.check(args.bandwidth_mib)
     args.prompts = max(args.batch_sizes) if args.prompts is None else args.prompts
     if min(args.new_tokens, args.prompt_len, args.context, args.repeats, args.prompts) < 1 or args.warmup < 0:
         raise ValueError("--new-tokens, --prompt-len, --context, --repeats and --prompts must be >= 1, "
                          "--warmup >= 0")
+    n_ctx = min(shape(name).n_ctx for name in (("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)))
+    if args.prompt_len + SPREAD + args.new_tokens > n_ctx:
+        raise ValueError(f"the longest prompt (--prompt-len {args.prompt_len} + {SPREAD}) and --new-tokens "
+                         f"{args.new_tokens} exceed the context window of {n_ctx}: give --prompt-len at most "
+                         f"{n_ctx - SPREAD - args.new_tokens} or fewer --new-tokens")
+    if args.context + max(args.gammas) + 1 > n_ctx:
+        raise ValueError(f"--context {args.context} and a verification pass of max(--gammas) + 1 = "
+                         f"{max(args.gammas) + 1} tokens exceed the context window of {n_ctx}: give --context at "
+                         f"most {n_ctx - max(args.gammas) - 1}")
     args.batch_sizes, args.gammas, args.step_batches = (sorted(set(v)) for v in
                                                          (args.batch_sizes, args.gammas, args.step_batches))
     return args
@@ -350,8 +366,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)  # the kernels share torch's OpenMP pool (gpt2/fast/build.py)
+    set_threads(args.threads)  # the kernels share torch's OpenMP pool (gpt2/fast/build.py)
+    folder = results_dir(args.out, "batch_speed")  # before the work: a bad --out fails now
     say(f"building {'tiny models' if args.tiny else f'{args.target} and {args.draft} (random weights)'} ...")
     pair = build_pair(args.target, args.draft, weights="tiny" if args.tiny else "random", seed=args.seed)
     prompts = make_prompts(args.prompts, args.prompt_len, pair.target.config.vocab_size, args.seed)
@@ -365,7 +381,6 @@ def main(argv: list[str] | None = None) -> int:
             repeats.append(got)
     summary = summarise(repeats, args, pair)
 
-    folder = results_dir(args.out, "batch_speed")
     env = environment(pair.device, pair.dtype, {"target": pair.target_name, "draft": pair.draft_name},
                       fast.status(pair.target))
     command = "python -m benchmarks.batch_speed " + shlex.join(argv if argv is not None else sys.argv[1:])

@@ -53,17 +53,17 @@ def measure(model, passes: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--busy", type=int, default=1, help="cores kept busy (default 1)")
+    p.add_argument("--busy", type=int, default=1, help="cores kept busy (default 1; at most the logical CPUs)")
     p.add_argument("--passes", type=int, default=30, help="timed passes of each kind (default 30)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of both settings (default 2)")
     p.add_argument("--tiny", action="store_true", help="a tiny model (a smoke run)")
     args = p.parse_args(argv)
-    if args.busy < 0 or args.passes < 1 or args.repeats < 1:
-        raise ValueError("--busy must be >= 0, --passes and --repeats >= 1")
+    if args.passes < 1 or args.repeats < 1:
+        raise ValueError("--passes and --repeats must be >= 1")
+    spinners = Spinners(args.busy)  # checks --busy
     model = random_model(shape("tiny" if args.tiny else "gpt2-large"), seed=0, accelerate=False)
     names = ("chooser", "fixed")
     results = {name: [] for name in names}
-    spinners = Spinners(args.busy)
     with torch.inference_mode(), spinners.running(args.busy > 0):
         for r in range(args.repeats):
             for name in names if r % 2 == 0 else names[::-1]:

@@ -100,13 +100,25 @@ def environment_lines(env: dict) -> list[str]:
 
 
 def results_dir(out: str | Path | None, prefix: str) -> Path:
-    """The folder results go to: `out`, or benchmarks/results/<prefix>-<UTC time>. Created."""
+    """The folder results go to: `out`, or benchmarks/results/<prefix>-<UTC time>. Created.
+
+    Raises:
+        ValueError: `out` is empty, a file, or a folder that cannot be created or written to.
+    """
     if out is None:
         out = RESULTS_DIR / f"{prefix}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    if not str(out).strip():
+        raise ValueError("--out is empty: give a folder for the results, or leave --out out for "
+                         f"benchmarks/results/{prefix}-<UTC time>")
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--out {folder} is a file: give a folder for the results")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a parent that is a file, no permission, a read-only file system, ...
+        raise ValueError(f"--out {folder} cannot be created ({e.strerror}): give a folder you can write to") from None
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--out {folder} is not writable: give a folder you can write to")
     return folder
 
 
@@ -261,6 +273,43 @@ def encode_prompts(tokenizer, prompts: Sequence[tuple[str, str]], device: torch.
                    ) -> list[tuple[str, torch.Tensor]]:
     """(name, text) -> (name, (1, T) LongTensor of token ids on `device`)."""
     return [(name, torch.tensor([tokenizer.encode(text)], dtype=torch.long, device=device)) for name, text in prompts]
+
+
+def check_range(option: str, value: int | float, low: int | float, high: int | float, why: str = "") -> None:
+    """Raises a ValueError naming the command-line `option` unless `value`
+    lies in low..high (NaN never does); `why` says where `high` comes from,
+    e.g. " (this machine's logical CPUs)"."""
+    if not low <= value <= high:
+        raise ValueError(f"{option} must lie in {low}..{high}{why}, got {value}")
+
+
+def logical_cpus() -> int:
+    """The machine's logical CPUs: the most --threads or --busy may ask for."""
+    return os.cpu_count() or 1
+
+
+def set_threads(threads: int | None) -> None:
+    """Gives torch `threads` CPU threads (None: leaves torch's own choice);
+    more than the machine's logical CPUs only oversubscribe the cores, and a
+    huge count crashes torch, so they are a ValueError."""
+    if threads is not None:
+        check_range("--threads", threads, 1, logical_cpus(), " (this machine's logical CPUs)")
+        torch.set_num_threads(threads)
+
+
+def check_passes_fit(n_ctx: int, used: int, what_uses: str, passes: dict[str, int]) -> None:
+    """Raises a ValueError unless every verification pass of `passes`
+    ({the option that asks for it, e.g. "--gamma 8": its tokens, gamma + 1
+    or a tree's nodes + 1}) fits the context window of `n_ctx` positions
+    after the `used` positions that `what_uses` names (a prompt and the
+    tokens generated after it)."""
+    room = n_ctx - used  # the longest pass that still fits
+    for option, tokens in passes.items():
+        if tokens > room:
+            fix = (f"give gammas of at most {room - 1} and trees of at most {room - 1} nodes" if room > 1
+                   else "shorten the prompt or the run")
+            raise ValueError(f"{option} verifies {tokens} tokens in one pass, but after {what_uses} ({used} "
+                             f"positions) the context window of {n_ctx} has room for {max(room, 0)}: {fix}")
 
 
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:

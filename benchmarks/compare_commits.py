@@ -21,13 +21,19 @@ sides' speculative runs accept the same drafts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from statistics import median
 
-from benchmarks.common import run_cli
+from benchmarks.common import check_range, run_cli
+from gpt2 import preset
+
+CACHED, PROMPT = 100, 20  # the worker's cache before each timed pass, and its decoding prompt, in tokens
+MAX_ROWS = 32  # --rows at most: each row's cache holds the whole window (gpt2-large: 0.38 GB a row)
 
 WORKER = r"""
 import json, sys, time
@@ -38,6 +44,7 @@ from spec_decoding.drafters import SimulatedDrafter
 
 target_name, draft_name, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ks, rows = [int(k) for k in sys.argv[4].split(",")], int(sys.argv[5])
+cached, prompt_len = int(sys.argv[6]), int(sys.argv[7])
 
 def build(name, seed):
     config = preset(name)
@@ -69,19 +76,19 @@ class SameLuck(SimulatedDrafter):
 target, draft = build(target_name, 0), build(draft_name, 1)
 V = target.config.vocab_size
 g = torch.Generator().manual_seed(1)
-prefix, drafts, prompt = (torch.randint(V, (1, n), generator=g) for n in (100, max(ks), 20))
+prefix, drafts, prompt = (torch.randint(V, (1, n), generator=g) for n in (cached, max(ks), prompt_len))
 cache, batch = target.new_cache(1), target.new_cache(rows)
 
 def verify(k, cache=cache, tokens=drafts):
     t0 = time.perf_counter()
     target(tokens[:, :k], cache)
     seconds = time.perf_counter() - t0
-    cache.rewind(100)
+    cache.rewind(cached)
     return seconds
 
 with torch.inference_mode():
     target(prefix, cache)
-    target(prefix.expand(rows, -1), batch)  # (rows, 100): the same prefix in every row
+    target(prefix.expand(rows, -1), batch)  # (rows, cached): the same prefix in every row
 
     def batch_step():
         return verify(1, batch, drafts[:, :1].expand(rows, -1))  # (rows, 1): one new token per row
@@ -105,6 +112,41 @@ with torch.inference_mode():
 """
 
 
+class Worker:
+    """One checkout's worker process: it answers each command with a line of
+    JSON. If it fails, a ValueError carries its exception's last line (its
+    error output goes to a file, not the terminal): one line, no traceback."""
+
+    def __init__(self, folder: str, argv: list[str]) -> None:
+        self.folder, self.log = folder, tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen([sys.executable, "-c", WORKER, *argv], cwd=folder, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log, text=True)
+        if self.read().strip() != "ready":
+            self.process.kill()
+            raise ValueError(f"the worker in {folder} did not start: it printed something other than 'ready'")
+
+    def read(self) -> str:
+        line = self.process.stdout.readline()
+        if not line:  # it exited
+            self.process.wait()
+            self.log.seek(0)
+            errors = [e.strip() for e in self.log.read().splitlines() if e.strip()]
+            raise ValueError(f"the worker in {self.folder} failed: {errors[-1] if errors else 'no error message'}")
+        return line
+
+    def ask(self, command: str) -> dict:
+        with contextlib.suppress(BrokenPipeError):  # it has exited: read() says why
+            self.process.stdin.write(command + "\n")
+            self.process.stdin.flush()
+        return json.loads(self.read())
+
+    def close(self) -> None:
+        with contextlib.suppress(BrokenPipeError):
+            self.process.stdin.close()  # its loop ends
+        self.process.wait()
+        self.log.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("before", help="the checkout to compare against (a folder)")
@@ -112,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per decoding run")
     p.add_argument("--ks", type=int, nargs="+", default=[5], help="verification passes timed, in tokens (default 5)")
-    p.add_argument("--rows", type=int, default=8, help="rows of the batched decode step timed (default 8)")
+    p.add_argument("--rows", type=int, default=8,
+                   help=f"rows of the batched decode step timed (default 8, at most {MAX_ROWS})")
     p.add_argument("--tiny", action="store_true", help="the distilgpt2 -> gpt2 shapes, for a smoke run")
     args = p.parse_args(argv)
     for folder in (args.before, args.after):
@@ -121,34 +164,31 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.repeats, args.new_tokens, args.rows, *args.ks) < 1:
         raise ValueError("--repeats, --new-tokens, --rows and --ks must be >= 1")
     target, draft = ("gpt2", "distilgpt2") if args.tiny else ("gpt2-large", "gpt2")
+    n_ctx = min(preset(target).n_ctx, preset(draft).n_ctx)
+    check_range("--ks", max(args.ks), 1, n_ctx - CACHED,
+                f" (the context window of {n_ctx} after {CACHED} cached tokens)")
+    check_range("--rows", args.rows, 1, MAX_ROWS, " (each row caches the whole context window)")
+    check_range("--new-tokens", args.new_tokens, 1, n_ctx - PROMPT,
+                f" (the context window of {n_ctx} after a {PROMPT}-token prompt)")
 
     sides = {}
-    for name, folder in (("before", args.before), ("after", args.after)):
-        worker = subprocess.Popen(
-            [sys.executable, "-c", WORKER, target, draft, str(args.new_tokens), ",".join(map(str, args.ks)),
-             str(args.rows)], cwd=folder,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )
-        if worker.stdout.readline().strip() != "ready":
-            raise ValueError(f"the worker in {folder} did not start (its error is above)")
-        sides[name] = worker
-    samples = {name: [] for name in sides}  # per repeat: {step, rows, k=..., plain, speculative}
-
-    def ask(worker: subprocess.Popen, command: str) -> dict:
-        worker.stdin.write(command + "\n")
-        worker.stdin.flush()
-        return json.loads(worker.stdout.readline())
-
-    for repeat in range(args.repeats):
-        order = list(sides.items()) if repeat % 2 == 0 else list(sides.items())[::-1]
-        costs = {name: [ask(worker, "costs") for _ in range(3)] for name, worker in order}
-        runs = {name: ask(worker, "runs") for name, worker in order}
-        for name in sides:
-            samples[name].append({key: median(c[key] for c in costs[name]) for key in costs[name][0]} | runs[name])
-        print(f"repeat {repeat + 1} of {args.repeats}", file=sys.stderr, flush=True)
-    for worker in sides.values():
-        worker.stdin.close()
-        worker.wait()
+    worker_args = [target, draft, str(args.new_tokens), ",".join(map(str, args.ks)), str(args.rows), str(CACHED),
+                   str(PROMPT)]
+    samples = {name: [] for name in ("before", "after")}  # per repeat: {step, rows, k=..., plain, speculative}
+    try:
+        for name, folder in (("before", args.before), ("after", args.after)):
+            sides[name] = Worker(folder, worker_args)
+        for repeat in range(args.repeats):
+            order = list(sides.items()) if repeat % 2 == 0 else list(sides.items())[::-1]
+            costs = {name: [worker.ask("costs") for _ in range(3)] for name, worker in order}
+            runs = {name: worker.ask("runs") for name, worker in order}
+            for name in sides:
+                samples[name].append({key: median(c[key] for c in costs[name]) for key in costs[name][0]}
+                                     | runs[name])
+            print(f"repeat {repeat + 1} of {args.repeats}", file=sys.stderr, flush=True)
+    finally:
+        for worker in sides.values():
+            worker.close()
 
     print(f"{target} target, {draft} draft, {args.repeats} interleaved repeats (medians)")
     for name, runs in samples.items():

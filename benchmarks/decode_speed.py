@@ -30,8 +30,8 @@ from statistics import median
 
 import torch
 
-from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
-from benchmarks.common import shape, write_json
+from benchmarks.common import check_range, environment, environment_lines, logical_cpus, markdown_table
+from benchmarks.common import random_model, results_dir, run_cli, set_threads, shape, write_json
 from gpt2 import GPT2, fast, generate
 from spec_decoding import SimulatedDrafter, TokenTree, speculative_generate
 from spec_decoding.stats import clock
@@ -54,6 +54,13 @@ def say(message: str) -> None:
 class BandwidthProbe:
     """Read bandwidth: the bytes/s of summing a `mib`-MiB float32 tensor."""
 
+    MAX_MIB = 4096  # 4 GiB: far past any cache, and not all of a small machine's memory
+
+    @classmethod
+    def check(cls, mib: int) -> None:
+        """Raises a ValueError unless `mib` (--bandwidth-mib) lies in 1..MAX_MIB."""
+        check_range("--bandwidth-mib", mib, 1, cls.MAX_MIB, " (MiB of the probe's tensor)")
+
     def __init__(self, mib: int) -> None:
         self.x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)  # every page touched before timing
 
@@ -64,9 +71,11 @@ class BandwidthProbe:
 class Spinners:
     """`n` processes that keep a core busy each, started and stopped around a
     loaded phase; stopped at exit whatever happens, and each ends by itself
-    if this process dies."""
+    if this process dies. `n` (--busy) is 0 to the machine's logical CPUs,
+    or a ValueError."""
 
     def __init__(self, n: int) -> None:
+        check_range("--busy", n, 0, logical_cpus(), " (this machine's logical CPUs)")
         self.n = n
         self.processes: list[subprocess.Popen] = []
         atexit.register(self.stop)
@@ -308,8 +317,6 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
     if args.long > 0:
         prompts["long"] = torch.cat([prompt, torch.randint(config.vocab_size, (1, args.long), generator=g)], 1)
         ks["long"] = [1, LONG_K]
-    if args.prefix + args.long + drafts.size(1) > config.n_ctx:
-        raise ValueError(f"--prefix + --long + max(--ks) must fit the context window {config.n_ctx}")
     contexts = {slot: p.size(1) for slot, p in prompts.items()}
 
     with torch.inference_mode():
@@ -475,9 +482,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="verification lengths, 2 to 64 (default 2..9 16 32)")
     p.add_argument("--long", type=int, default=500,
                    help="also time step and k=5 with the cache at prefix + LONG positions (default 500; 0: skip)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads, at most the logical CPUs (default: torch's own choice)")
     p.add_argument("--bandwidth-mib", type=int, default=1024,
-                   help="size of the tensor summed to measure read bandwidth")
+                   help=f"size of the tensor summed to measure read bandwidth, at most {BandwidthProbe.MAX_MIB}")
     p.add_argument("--readable", action="store_true",
                    help="also time the same model on the readable path (model.accelerator = None)")
     p.add_argument("--tree-mask", action="store_true",
@@ -488,7 +496,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(gpt2.fast.accelerate(model, int8=True)), against its own bound")
     p.add_argument("--busy", type=int, default=0, metavar="N", help="also measure everything with N cores kept "
                    "busy by spinning processes, in the same repeats, and the simulated alpha 0.8, gamma 4 speedup "
-                   "quiet and loaded (default 0)")
+                   "quiet and loaded (default 0; at most the logical CPUs)")
     p.add_argument("--draft", default="gpt2", help="--busy: the draft shape of the speedup run, whose target is "
                    "the last of --models (default gpt2)")
     p.add_argument("--gen", type=int, default=100, help="--busy: new tokens of the speedup runs (default 100)")
@@ -496,17 +504,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seeds the random weights and tokens")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/decode_speed-<UTC time>/)")
     args = p.parse_args(argv)
-    for name in ("repeats", "prefix", "bandwidth_mib", "gen"):
+    for name in ("repeats", "prefix", "gen"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.warmup < 0 or args.long < 0 or args.busy < 0:
-        raise ValueError("--warmup, --long and --busy must be >= 0")
+    if args.warmup < 0 or args.long < 0:
+        raise ValueError("--warmup and --long must be >= 0")
+    BandwidthProbe.check(args.bandwidth_mib)
     if any(not 2 <= k <= MAX_K for k in args.ks):
         raise ValueError(f"--ks are verification lengths: each must lie in 2..{MAX_K} (k = 1 is the decode step)")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError("--threads must be >= 1")
-    for name in [*args.models, args.draft]:
-        shape(name)  # raises ValueError naming the presets
+    for name in args.models:
+        n_ctx = shape(name).n_ctx  # raises ValueError naming the presets
+        if args.prefix + args.long + max(*args.ks, LONG_K) > n_ctx:
+            raise ValueError(f"--prefix {args.prefix} + --long {args.long} + the longest verification pass "
+                             f"({max(*args.ks, LONG_K)} tokens) exceed {name}'s context window of {n_ctx}: give a "
+                             "shorter --prefix or --long")
+    n_ctx = min(shape(args.draft).n_ctx, shape(args.models[-1]).n_ctx)
+    if args.busy and SIM_PROMPT + args.gen > n_ctx:  # --gen: the speedup runs of --busy
+        raise ValueError(f"--gen {args.gen} new tokens after the {SIM_PROMPT}-token prompt exceed the context "
+                         f"window of {n_ctx}: give --gen at most {n_ctx - SIM_PROMPT}")
     args.ks = sorted(set(args.ks))
     args.command = "python -m benchmarks.decode_speed " + shlex.join(sys.argv[1:] if argv is None else argv)
     return args
@@ -514,8 +529,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
+    spinners = Spinners(args.busy)  # checks --busy
     if not args.no_transformers:
         try:
             import transformers  # noqa: F401
@@ -523,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("transformers is not installed: pip install -r requirements-dev.txt, "
                              "or pass --no-transformers") from None
     out = results_dir(args.out, "decode_speed")
-    probe, spinners = BandwidthProbe(args.bandwidth_mib), Spinners(args.busy)
+    probe = BandwidthProbe(args.bandwidth_mib)
     try:
         results = [bench_model(name, args, probe, spinners) for name in args.models]
         speedup = bench_speedup(args, spinners) if args.busy else None

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import random
 import shlex
 import statistics
@@ -60,6 +61,7 @@ from benchmarks.common import (
     random_model,
     results_dir,
     run_cli,
+    set_threads,
     shape,
     write_json,
 )
@@ -435,24 +437,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="p_min values of the noisy pair (0 = off)")
     ap.add_argument("--noisy-prompts", type=int, default=4, help="prompts of the noisy pair's counts")
     ap.add_argument("--noisy-seeds", type=int, default=4, help="sampling seeds of the noisy pair's counts")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads, at most the logical CPUs (default: torch's choice)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/drafting-<UTC time>)")
     args = ap.parse_args(argv)
     for name in ("max_gen", "repeats", "model_seeds", "ngram", "noisy_prompts", "noisy_seeds"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-    if min(args.gammas) < 1 or (args.threads is not None and args.threads < 1):
-        raise ValueError("--gammas and --threads must be >= 1")
-    if not all(0.0 <= a <= 1.0 for a in [*args.alphas, args.int8_alpha, *args.p_mins]) or args.noise < 0:
-        raise ValueError("--alphas, --int8-alpha and --p-mins must lie in [0, 1], and --noise must be >= 0")
+    if min(args.gammas) < 1:
+        raise ValueError("--gammas must be >= 1")
+    if not all(0.0 <= a <= 1.0 for a in [*args.alphas, args.int8_alpha, *args.p_mins]):  # NaN too
+        raise ValueError("--alphas, --int8-alpha and --p-mins must lie in [0, 1]")
+    if not (math.isfinite(args.noise) and args.noise >= 0):
+        raise ValueError(f"--noise must be a finite number >= 0, got {args.noise}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     out_dir = results_dir(args.out, "drafting")
     tokenizer = load_prompt_tokenizer()
     target_name, draft_name = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)

@@ -30,8 +30,8 @@ import torch
 from tqdm import tqdm
 
 from benchmarks import sweep_report
-from benchmarks.common import ModelPair, build_pair, encode_prompts, environment, load_prompt_tokenizer
-from benchmarks.common import results_dir, run_cli
+from benchmarks.common import ModelPair, build_pair, check_passes_fit, encode_prompts, environment
+from benchmarks.common import load_prompt_tokenizer, results_dir, run_cli, set_threads
 from benchmarks.prompts import PROMPTS
 from benchmarks.tree_speed import parse_shape
 from gpt2 import SamplingConfig, fast, generate
@@ -82,10 +82,13 @@ class SweepSettings:
         if self.trees and self.peer:
             raise ValueError("--peer has no token trees (transformers' assisted generation drafts a chain): "
                              "drop --tree or --peer")
+        if any(not 0.0 <= p <= 1.0 for p in self.tree_profile):  # NaN too: it compares False
+            raise ValueError(f"--tree-profile values are probabilities: each must lie in [0, 1], got "
+                             f"{' '.join(f'{p:g}' for p in self.tree_profile)}")
         for a in self.simulate:
-            if any(p < 0 for p in self.tree_profile) or (self.trees and a + sum(self.tree_profile) > 1 + 1e-9):
+            if self.trees and a + sum(self.tree_profile) > 1 + 1e-9:
                 raise ValueError(f"a simulated tree's profile (alpha_sim {a:g}, then --tree-profile "
-                                 f"{' '.join(f'{p:g}' for p in self.tree_profile)}) must be >= 0 and sum to <= 1")
+                                 f"{' '.join(f'{p:g}' for p in self.tree_profile)}) must sum to <= 1")
 
     @property
     def shapes(self) -> dict[str, TreeShape]:
@@ -264,24 +267,33 @@ class Runner:
         return out, stats, clock(self.pair.device) - t0
 
 
+def check_fits(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings) -> None:
+    """Raises a ValueError unless the longest prompt, the longest max_gen
+    and a verification pass of the largest gamma + 1 or tree nodes + 1 fit
+    both models' context window: the runs and the step-cost timer need them."""
+    n_ctx = min(pair.target.config.n_ctx, pair.draft.config.n_ctx)
+    longest, max_gen = max(ids.size(1) for _, ids in prompts), max(settings.max_gens)
+    if longest + max_gen > n_ctx:
+        raise ValueError(f"a prompt of {longest} tokens plus max_gen {max_gen} exceeds the context "
+                         f"window of {n_ctx}: use a smaller --max-gen")
+    passes = {f"--gamma {g}": g + 1 for g in settings.gammas}
+    passes |= {f"--tree {text!r}": shape.max_nodes + 1 for text, shape in settings.shapes.items()}
+    check_passes_fit(n_ctx, longest + max_gen, f"the longest prompt ({longest} tokens) and --max-gen {max_gen}",
+                     passes)
+
+
 def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings, *,
               progress: bool = True) -> SweepResult:
     """Runs the whole sweep (the protocol is in the module docstring) on
     `prompts`, (name, (1, T) token ids on the pair's device)."""
-    n_ctx = min(pair.target.config.n_ctx, pair.draft.config.n_ctx)
-    longest = max(ids.size(1) for _, ids in prompts)
-    if longest + max(settings.max_gens) > n_ctx:
-        raise ValueError(f"a prompt of {longest} tokens plus max_gen {max(settings.max_gens)} exceeds the context "
-                         f"window of {n_ctx}: use a smaller --max-gen")
+    check_fits(pair, prompts, settings)
     runner = Runner(pair, settings)
     cells = {n: [cell for a in settings.alpha_settings
                  for cell in [*(Cell(n, g, a) for g in settings.gammas),
                               *(Cell(n, shape.max_depth, a, text) for text, shape in settings.shapes.items())]]
              for n in settings.max_gens}
     prompt_len = int(median([ids.size(1) for _, ids in prompts]))
-    verify_tokens = [g + 1 for g in settings.gammas] + [s.max_nodes + 1 for s in settings.shapes.values()]
-    room = pair.target.config.n_ctx - max(verify_tokens)
-    groups = {n: Group(prompt_len, min(prompt_len + n // 2, room)) for n in settings.max_gens}
+    groups = {n: Group(prompt_len, prompt_len + n // 2) for n in settings.max_gens}  # any pass fits after: check_fits
     first = settings.max_gens[0]
     jobs = jobs_of(settings, cells[first], groups[first])  # the same runs at every max_gen
     bar = tqdm(total=settings.repeats * len(settings.max_gens) * len(prompts) * len(jobs), desc="gamma sweep",
@@ -374,7 +386,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     models.add_argument("--quantize", default="none", choices=["none", "int8"],
                         help="int8: both models' weight matrices quantised (gpt2/fast/quantize.py; CPU, float32); "
                         "the baseline is then the int8 target (default none)")
-    models.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    models.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads, at most the logical CPUs (default: torch's choice)")
 
     grid = ap.add_argument_group("sweep")
     grid.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 4, 8], help="draft lengths (default 1 2 4 8)")
@@ -417,15 +430,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--tiny and --random-weights are alternatives: pick one")
     if not 1 <= args.prompts <= len(PROMPTS):
         ap.error(f"--prompts must be between 1 and {len(PROMPTS)}, got {args.prompts}")
-    if args.threads is not None and args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     settings = SweepSettings(
         gammas=tuple(args.gamma), max_gens=tuple(args.max_gen), simulate=tuple(args.simulate_acceptance or ()),
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed, repeats=args.repeats,
@@ -436,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     pair = build_pair(args.target, args.draft, weights=weights, draft_equals_target=args.draft_equals_target,
                       device=args.device, dtype=args.dtype, quantize=args.quantize, seed=args.seed)
     prompts = encode_prompts(load_prompt_tokenizer(pair.tokenizer_folder), PROMPTS[: args.prompts], pair.device)
+    check_fits(pair, prompts, settings)  # before the results folder is made: a bad setting leaves none behind
     folder = results_dir(args.out, "gamma_sweep")
 
     result = run_sweep(pair, prompts, settings, progress=not args.no_progress)

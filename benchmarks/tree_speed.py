@@ -31,7 +31,7 @@ from statistics import median
 import torch
 
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
-from benchmarks.common import noisy_copy, shape, write_json
+from benchmarks.common import check_passes_fit, noisy_copy, shape, write_json
 from gpt2 import GPT2, GPT2Config, SamplingConfig, fast, generate, init_random_weights
 from spec_decoding import (
     SimulatedDrafter,
@@ -49,9 +49,11 @@ TREES = ("2", "3", "4", "2,1", "3,1", "4,1", "2,2", "3,2", "2,1,1", "3,1,1", "2,
          "3,2,1,1", "4,2,1", "nodes 4 depth 2", "nodes 6 depth 3", "nodes 8 depth 4", "nodes 12 depth 4",
          "nodes 16 depth 5")  # fmt: skip
 R_K_REPORTED = (2, 4, 8, 16, 32)
+COST_KS = sorted({*range(1, 11), 12, 16, 20, 24, 32} | set(R_K_REPORTED))  # the passes whose r_k is measured
 # The noisy pair: a small GPT-2 with peaked random weights, and its copy plus weight noise.
 NOISY_TARGET = GPT2Config(n_layer=4, n_head=4, n_embd=128, n_ctx=1024, vocab_size=4096)
 NOISY_STD, NOISY_SCALE = 0.2, 0.01
+NOISY_PROMPT = 16  # tokens of each of its random prompts
 
 
 def say(message: str) -> None:
@@ -295,7 +297,8 @@ def noisy_pair(configs: dict[str, dict], costs: dict, args: argparse.Namespace) 
     target = fast.accelerate(target.eval())
     draft = fast.accelerate(noisy_copy(target, scale=NOISY_SCALE, seed=1))
     g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, NOISY_TARGET.vocab_size, (1, 16), generator=g) for _ in range(args.noisy_prompts)]
+    prompts = [torch.randint(0, NOISY_TARGET.vocab_size, (1, NOISY_PROMPT), generator=g)
+               for _ in range(args.noisy_prompts)]
     result = {}
     for temperature in (0.0, 1.0):
         for name, config in configs.items():
@@ -405,18 +408,26 @@ def main(argv: list[str] | None = None) -> int:
     chains = range(1, args.max_gamma + 1)
     if args.tiny:
         args.target, args.draft = "tiny", "tiny-draft"
+    n_ctx = min(shape(args.target).n_ctx, shape(args.draft).n_ctx, NOISY_TARGET.n_ctx)
+    if args.prefix + max(COST_KS) > n_ctx:
+        raise ValueError(f"--prefix {args.prefix} and the cost passes of up to {max(COST_KS)} tokens exceed the "
+                         f"context window of {n_ctx}: give --prefix at most {n_ctx - max(COST_KS)}")
+    prompt_len = max(args.prefix, NOISY_PROMPT)  # the noisy pair's prompts are NOISY_PROMPT tokens
+    passes = {f"--max-gamma {args.max_gamma}": args.max_gamma + 1}
+    passes |= {f"--trees {name!r}": tree.max_nodes + 1 for name, tree in shapes.items()}
+    check_passes_fit(n_ctx, prompt_len + args.new_tokens,
+                     f"a prompt of {prompt_len} tokens and --new-tokens {args.new_tokens}", passes)
+    folder = results_dir(args.out, "tree_speed")
     target = random_model(shape(args.target), device=CPU, dtype=torch.float32, seed=0)
     draft = random_model(shape(args.draft), device=CPU, dtype=torch.float32, seed=1, quantize=args.draft_quantize)
     prompt = torch.randint(0, target.config.vocab_size, (1, args.prefix), generator=torch.Generator().manual_seed(0))
-    folder = results_dir(args.out, "tree_speed")
     env = environment(CPU, torch.float32, {"target": args.target, "draft": args.draft}, fast.status(target))
 
     with torch.inference_mode():
         say("costs ...")
         widest = max(max(len(level) for level in profile_tree(SimulatedTreeDrafter(draft, prompt, (1.0,)), s))
                      for s in shapes.values())
-        ks = sorted({*range(1, 11), 12, 16, 20, 24, 32} | set(R_K_REPORTED))
-        costs = measure_costs(target, draft, prompt, ks, sorted({*range(1, 9), widest}), args.cost_repeats)
+        costs = measure_costs(target, draft, prompt, COST_KS, sorted({*range(1, 9), widest}), args.cost_repeats)
 
         profiles, plans, levels, ceilings = {}, {}, {}, {}
         for profile in args.profiles.split(","):

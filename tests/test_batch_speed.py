@@ -5,10 +5,12 @@ bandwidth bound. Speed itself is never asserted here."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
 
+from benchmarks import batch_speed
 from benchmarks.batch_speed import main, make_prompts
 from benchmarks.common import run_cli
 
@@ -37,13 +39,37 @@ def test_prompts_differ_in_length():
     assert len({len(p) for p in prompts}) > 1 and all(20 <= len(p) <= 44 for p in prompts)
 
 
+# A run of seconds: the base of the bad settings below, so that a missing check shows as a run, not a long one.
+SHORT = ["--tiny", "--batch-sizes", "1", "--gammas", "1", "--step-batches", "1", "--new-tokens", "2",
+         "--prompt-len", "14", "--context", "4", "--repeats", "1", "--bandwidth-mib", "1"]
+
+
 @pytest.mark.parametrize("bad, message", [
     (["--batch-sizes", "2", "4"], "must include 1"),
     (["--gammas", "0"], "--gammas must all be >= 1"),
     (["--alpha", "1.5"], r"--alpha must lie in \[0, 1\]"),
+    (["--bandwidth-mib", "0"], r"--bandwidth-mib must lie in 1\.\.4096"),
+    (["--bandwidth-mib", "-1"], r"--bandwidth-mib must lie in 1\.\.4096"),
+    (["--context", "5000"], "give --context at most 1022"),  # + gamma 1 + 1 tokens in a 1024 window
+    (["--step-batches", "1", "257"], r"--step-batches must lie in 1\.\.256"),
+    (["--batch-sizes", "1", "257"], r"--batch-sizes must lie in 1\.\.256"),
+    (["--prompt-len", "2000"], "give --prompt-len at most 1010"),  # + 12 + 2 new tokens in a 1024 window
+    (["--threads", str(os.cpu_count() + 1)], r"--threads must lie in 1\.\."),
+    (["--out", ""], "--out is empty"),
 ])
-def test_bad_settings_are_one_line_and_exit_2(bad, message, capsys):
-    assert run_cli(main, ["--tiny", *bad]) == 2
+def test_bad_settings_are_one_line_and_exit_2(bad, message, capsys, tmp_path):
+    assert run_cli(main, SHORT + ["--out", str(tmp_path / "out")] + bad) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
     assert re.search(message, err)
+
+
+def test_a_bad_results_folder_fails_before_any_model_is_built(monkeypatch, capsys, tmp_path):
+    def no_models(*args, **kwargs):
+        raise AssertionError("--out must be checked before the models are built")
+
+    monkeypatch.setattr(batch_speed, "build_pair", no_models)
+    (tmp_path / "afile").touch()
+    assert run_cli(main, SHORT + ["--out", str(tmp_path / "afile" / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out ") and "cannot be created" in err and len(err.strip().splitlines()) == 1

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from benchmarks.common import run_cli
 from benchmarks.compare_commits import main
 from helpers import REPO_ROOT
@@ -29,3 +31,22 @@ def test_a_folder_that_is_not_a_checkout_is_one_line_and_exit_2(tmp_path, capsys
     assert err.startswith("error: ") and "not a checkout" in err and len(err.strip().splitlines()) == 1
     assert run_cli(main, [str(REPO_ROOT), str(REPO_ROOT), "--ks", "0"]) == 2
     assert "--ks must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad, message", [(["--ks", "2000"], "--ks must lie in 1..924"),  # 100 tokens cached
+                                          (["--rows", "100000"], "--rows must lie in 1..32"),
+                                          (["--new-tokens", "5000"], "--new-tokens must lie in 1..1004")])
+def test_settings_past_the_window_are_one_line_before_any_worker_starts(bad, message, capfd):
+    assert run_cli(main, [str(REPO_ROOT), str(REPO_ROOT), "--tiny", "--repeats", "1", *bad]) == 2
+    err = capfd.readouterr().err  # capfd: a worker's output would be here too
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_failing_worker_is_one_line_and_exit_2(tmp_path, capfd):
+    (tmp_path / "gpt2").mkdir()  # a checkout whose gpt2 package has no GPT2: its worker fails on import
+    (tmp_path / "gpt2" / "__init__.py").touch()
+    (tmp_path / "gpt2" / "model.py").touch()
+    assert run_cli(main, [str(tmp_path), str(REPO_ROOT), "--tiny", "--repeats", "1", "--new-tokens", "4"]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith(f"error: the worker in {tmp_path} failed: ImportError: cannot import name 'GPT2'")
+    assert len(err.strip().splitlines()) == 1

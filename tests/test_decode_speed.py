@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -107,14 +108,32 @@ def test_tree_mask_is_a_binary_trees_ancestor_mask():
     assert depth.tolist() == [int(math.log2(i + 1)) for i in range(32)]
 
 
+# A run of seconds: the base of the mistakes below, so that a missing check shows as a run, not a long one.
+SHORT = ["--models", "tiny", "--no-transformers", "--repeats", "1", "--warmup", "0", "--long", "0", "--ks", "2",
+         "--prefix", "4", "--bandwidth-mib", "1"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--ks", "1"], "--ks are verification lengths"),
     (["--ks", "65"], "--ks are verification lengths"),
     (["--models", "gpt5"], "gpt5"),
     (["--repeats", "0"], "--repeats"),
     (["--busy", "-1"], "--busy"),
+    (["--busy", str(os.cpu_count() + 1), "--draft", "tiny", "--gen", "2"], "--busy must lie in 0.."),
+    (["--busy", "1", "--draft", "tiny", "--gen", "2000"], "give --gen at most 992"),  # after a 32-token prompt
+    (["--bandwidth-mib", "0"], "--bandwidth-mib must lie in 1..4096"),
+    (["--bandwidth-mib", "100000000"], "--bandwidth-mib must lie in 1..4096"),
+    (["--threads", str(os.cpu_count() + 1)], "--threads must lie in 1.."),
+    (["--out", ""], "--out is empty"),
 ])
-def test_user_mistakes_exit_with_one_line(args, message, capsys):
-    assert run_cli(main, args) == 2
+def test_user_mistakes_exit_with_one_line(args, message, capsys, tmp_path):
+    assert run_cli(main, SHORT + ["--out", str(tmp_path / "out")] + args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [["--prefix", "2000"], ["--busy", "1", "--draft", "tiny", "--gen", "2000"]])
+def test_a_setting_that_cannot_fit_the_window_leaves_no_results_folder(args, capsys, tmp_path):
+    assert run_cli(main, SHORT + ["--out", str(tmp_path / "out")] + args) == 2
+    assert "context window of 1024" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

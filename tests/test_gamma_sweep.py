@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,9 @@ OUTPUTS = ("sweep.md", "sweep.csv", "sweep.json", "speedup_vs_gamma.png", "accep
 # The smallest sweep that still has two gammas and two lengths.
 TINY_SWEEP = ["--tiny", "--gamma", "1", "3", "--max-gen", "6", "10", "--prompts", "2", "--repeats", "2",
               "--component-calls", "2", "--no-progress"]
+# A one-run sweep: the base of the bad settings below, so that a missing check costs seconds, not minutes.
+ONE_RUN = ["--tiny", "--gamma", "1", "--max-gen", "4", "--prompts", "1", "--repeats", "1", "--component-calls", "1",
+           "--warmup", "0", "--no-progress"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -255,12 +259,32 @@ def test_peer_transformers_runs_beside_ours(tmp_path, prompt_tokenizer):
         (["--tiny", "--tree", "0,2"], "integers >= 1 such as 3,2,1,1"),
         (["--tiny", "--tree", "2", "--peer", "transformers"], "--peer has no token trees"),
         (["--tiny", "--tree", "2", "--simulate-acceptance", "0.9", "--tree-profile", "0.2"], "sum to <= 1"),
+        (ONE_RUN + ["--tree", "2", "--simulate-acceptance", "0.5", "--tree-profile", "nan"],
+         "--tree-profile values are probabilities"),
+        (ONE_RUN + ["--threads", str(os.cpu_count() + 1)], "--threads must lie in 1.."),
+        # gamma + 1 or a tree's nodes + 1 must fit the window after the longest prompt (36 tokens) and max_gen 4
+        (ONE_RUN + ["--gamma", "984"], "--gamma 984 verifies 985 tokens in one pass"),
+        (ONE_RUN + ["--gamma", "1023"], "give gammas of at most 983"),
+        (ONE_RUN + ["--tree", "1000,1000"], "--tree '1000,1000' verifies 1001001 tokens"),
+        (ONE_RUN + ["--out", ""], "--out is empty"),
     ],
 )
 def test_user_mistakes_exit_with_one_line(args, message, capsys, tmp_path):
-    assert run_cli(main, args + ["--out", str(tmp_path)]) == 2
+    assert run_cli(main, ["--out", str(tmp_path)] + args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_a_results_folder_inside_a_file_is_one_line_and_exit_2(capsys, tmp_path):
+    (tmp_path / "afile").touch()
+    assert run_cli(main, ONE_RUN + ["--out", str(tmp_path / "afile" / "sub")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --out ") and "cannot be created" in err and "\n" not in err
+
+
+def test_the_largest_gamma_that_fits_the_window_runs(tmp_path):
+    assert run_cli(main, ONE_RUN + ["--gamma", "983", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "sweep.csv").is_file()
 
 
 @pytest.mark.parametrize("module, option", [("gamma_sweep", "--simulate-acceptance"), ("decode_speed", "--busy"),

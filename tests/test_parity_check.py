@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import spec_decoding.loop
-from benchmarks.common import build_pair
+from benchmarks.common import build_pair, run_cli
 from benchmarks.parity_check import (
     ParitySettings,
     check_parity,
@@ -233,3 +233,12 @@ def test_cli_exits_1_on_a_float32_bug(tmp_path, monkeypatch):
     payload = json.loads((tmp_path / "parity.json").read_text())
     assert payload["passed"] is False and payload["dtypes"][0]["summary"]["bugs"] >= 1
     assert "**BUG**" in (tmp_path / "parity.md").read_text()
+
+
+@pytest.mark.parametrize("out", ["afile/sub", ""])
+def test_a_bad_results_folder_is_one_line_and_exit_2(out, tmp_path, capsys):
+    (tmp_path / "afile").touch()
+    assert run_cli(main, ["--tiny", "--dtypes", "float32", "--prompts", "1", "--max-gen", "2",
+                          "--out", str(tmp_path / out) if out else out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out ") and len(err.strip().splitlines()) == 1

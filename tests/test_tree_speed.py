@@ -93,9 +93,16 @@ def test_interpolation_between_and_beyond_the_measured_points():
 @pytest.mark.parametrize(
     "args, message",
     [(["--profiles", "medium"], "unknown profile 'medium'"), (["--repeats", "0"], "must be >= 1"),
-     (["--trees", "0,2"], "integers >= 1"), (["--trees", "nodes 3 depth 5"], "give depth <= nodes")],
+     (["--trees", "0,2"], "integers >= 1"), (["--trees", "nodes 3 depth 5"], "give depth <= nodes"),
+     # a verification pass after a 64-token prompt and 40 new tokens must fit the 1024-token window
+     (["--trees", "1000,1000"], "--trees '1000,1000' verifies 1001001 tokens in one pass"),
+     (["--max-gamma", "5000"], "--max-gamma 5000 verifies 5001 tokens in one pass"),
+     (["--max-gamma", "920"], "give gammas of at most 919"),
+     (["--prefix", "1000"], "give --prefix at most 992"),  # the cost passes go up to 32 tokens
+     (["--out", ""], "--out is empty")],
 )
-def test_bad_options_are_one_line_and_exit_2(args, message, capsys):
-    assert run_cli(main, ["--tiny", *args]) == 2
+def test_bad_options_are_one_line_and_exit_2(args, message, capsys, tmp_path):
+    short = ["--repeats", "1", "--cost-repeats", "1", "--measure", "1", "--noisy-prompts", "1", "--trees", "2"]
+    assert run_cli(main, ["--tiny", *short, "--out", str(tmp_path / "out"), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
