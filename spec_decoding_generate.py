@@ -78,7 +78,7 @@ def load_everything(
 
     from gpt2 import GPT2Config, load_model, load_tokenizer
     from gpt2.generate import check_prompt
-    from gpt2.loading import resolve_source
+    from gpt2.hub import resolve_source
     from spec_decoding.schedule import check_draft_length
 
     sources = {"target": args.target} if args.draft == NGRAM_DRAFT else {"draft": args.draft, "target": args.target}

@@ -28,7 +28,7 @@ import torch
 from gpt2 import GPT2, GPT2Config, fast, init_random_weights, load_model, load_tokenizer, preset
 from gpt2 import resolve_device, resolve_dtype
 from gpt2.fast.quantize import quantize_model_int8, resolve_quantize
-from gpt2.loading import resolve_source
+from gpt2.hub import resolve_source
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"

@@ -1,4 +1,4 @@
-"""Loading checkpoints (gpt2/loading.py): both key layouts, the Hub download
+"""Loading checkpoints (gpt2/loading.py, gpt2/hub.py): both key layouts, the Hub download
 path against a local server that speaks the Hub's file API (hub_server.py),
 and every user error with its message."""
 
