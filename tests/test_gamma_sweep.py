@@ -262,11 +262,6 @@ def test_peer_transformers_runs_beside_ours(tmp_path, prompt_tokenizer):
         (ONE_RUN + ["--tree", "2", "--simulate-acceptance", "0.5", "--tree-profile", "nan"],
          "--tree-profile values are probabilities"),
         (ONE_RUN + ["--threads", str(os.cpu_count() + 1)], "--threads must lie in 1.."),
-        # gamma + 1 or a tree's nodes + 1 must fit the window after the longest prompt (36 tokens) and max_gen 4
-        (ONE_RUN + ["--gamma", "984"], "--gamma 984 verifies 985 tokens in one pass"),
-        (ONE_RUN + ["--gamma", "1023"], "give gammas of at most 983"),
-        (ONE_RUN + ["--tree", "1000,1000"], "--tree '1000,1000' verifies 1001001 tokens"),
-        (ONE_RUN + ["--out", ""], "--out is empty"),
     ],
 )
 def test_user_mistakes_exit_with_one_line(args, message, capsys, tmp_path):
@@ -275,14 +270,31 @@ def test_user_mistakes_exit_with_one_line(args, message, capsys, tmp_path):
     assert err.startswith("error: ") and message in err and "\n" not in err
 
 
-def test_a_results_folder_inside_a_file_is_one_line_and_exit_2(capsys, tmp_path):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # gamma + 1 or a tree's nodes + 1 must fit the window after the longest prompt (36 tokens) and max_gen 4
+        (["--gamma", "984"], "--gamma 984 verifies 985 tokens in one pass"),
+        (["--gamma", "1023"], "give gammas of at most 983"),
+        (["--tree", "1000,1000"], "--tree '1000,1000' verifies 1001001 tokens"),
+        (["--out", ""], "--out is empty"),
+    ],
+)
+def test_settings_checked_against_the_encoded_prompts_exit_with_one_line(args, message, capsys, tmp_path,
+                                                                        prompt_tokenizer):
+    assert run_cli(main, ["--out", str(tmp_path)] + ONE_RUN + args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_a_results_folder_inside_a_file_is_one_line_and_exit_2(capsys, tmp_path, prompt_tokenizer):
     (tmp_path / "afile").touch()
     assert run_cli(main, ONE_RUN + ["--out", str(tmp_path / "afile" / "sub")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --out ") and "cannot be created" in err and "\n" not in err
 
 
-def test_the_largest_gamma_that_fits_the_window_runs(tmp_path):
+def test_the_largest_gamma_that_fits_the_window_runs(tmp_path, prompt_tokenizer):
     assert run_cli(main, ONE_RUN + ["--gamma", "983", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "sweep.csv").is_file()
 
