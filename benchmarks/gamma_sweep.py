@@ -427,9 +427,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     if args.tiny and args.random_weights:
-        ap.error("--tiny and --random-weights are alternatives: pick one")
+        raise ValueError("--tiny and --random-weights are alternatives: pick one")
     if not 1 <= args.prompts <= len(PROMPTS):
-        ap.error(f"--prompts must be between 1 and {len(PROMPTS)}, got {args.prompts}")
+        raise ValueError(f"--prompts must be between 1 and {len(PROMPTS)}, got {args.prompts}")
     return args
 
 

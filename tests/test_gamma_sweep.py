@@ -255,6 +255,8 @@ def test_peer_transformers_runs_beside_ours(tmp_path, prompt_tokenizer):
         (["--tiny", "--simulate-acceptance", "0.5", "--temperature", "0.8"], "greedy decoding only"),
         (["--tiny", "--simulate-acceptance", "0.5", "--peer", "transformers"], "cannot simulate"),
         (["--random-weights", "--target", "gpt9"], "no preset named 'gpt9'"),
+        (["--tiny", "--random-weights"], "--tiny and --random-weights are alternatives: pick one"),
+        (["--tiny", "--prompts", "0"], "--prompts must be between 1 and"),
         (["--tiny", "--quantize", "int8", "--dtype", "bfloat16"], "int8 weights are for the CPU in float32"),
         (["--tiny", "--tree", "0,2"], "integers >= 1 such as 3,2,1,1"),
         (["--tiny", "--tree", "2", "--peer", "transformers"], "--peer has no token trees"),
