@@ -84,8 +84,9 @@ def speculative_generate(
         temperature, top_k, top_p: the one sampling filter, applied alike to
             draft and target; temperature 0 is greedy.
         eos_id: end-of-text token id, or None.
-        generator: randomness for drafting and verification; the same seed
-            reproduces the output.
+        generator: randomness for drafting and verification (a
+            torch.Generator, or a list of one; a batch takes one per row);
+            the same seed reproduces the output.
         on_step: optional callback `on_step(verdict_tokens, num_accepted)`
             called after each step with the tokens it committed (for streaming).
         stats: optional fresh `SpecStats(max_gamma)` (the integer gamma, or
