@@ -118,11 +118,17 @@ class KVCache:
             start: the first slot of the tree (the row's length before it).
             positions: (n,) slot indices >= start, increasing.
         """
-        n = positions.numel()
-        index = positions.to(self.k.device)
-        self.k[:, row, :, start : start + n] = self.k[:, row, :, index]  # (L, nh, n, hs) gathered
-        self.v[:, row, :, start : start + n] = self.v[:, row, :, index]
-        self.lengths[row] = start + n
+        slots = positions.tolist()
+        assert all(a < b for a, b in zip([start - 1] + slots, slots)), f"slots {slots}: not increasing from {start}"
+        # One slice copy per kept position, in order: slot start + i <= slots[i]
+        # < slots[i + 1], so no copy overwrites a position still to be moved.
+        # (Gathering with an index tensor, k[:, row, :, index], first copies
+        # the row's whole (L, nh, S, hs) buffer: ~190 MB for gpt2-large.)
+        for i, slot in enumerate(slots):
+            if slot != start + i:
+                self.k[:, row, :, start + i] = self.k[:, row, :, slot]  # (L, nh, hs)
+                self.v[:, row, :, start + i] = self.v[:, row, :, slot]
+        self.lengths[row] = start + len(slots)
 
     def keep_rows(self, rows: list[int]) -> None:
         """Keeps only `rows`, in that order, as rows 0..n-1: the batch shrinks
