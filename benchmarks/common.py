@@ -1,10 +1,8 @@
-"""What the benchmark scripts share: the environment header every result
-carries, the results folder and its file formats, the (target, draft) pair,
-the prompts' tokenizer and the command-line error rule.
+"""What the benchmark scripts share: the environment header every result carries, the results folder and its file
+formats, the (target, draft) pair, the prompts' tokenizer and the command-line error rule.
 
-Timing rules, kept by every benchmark: the clock is read after the device
-has finished its queued work (`spec_decoding.stats.clock`); warm-up calls come
-first and are not counted; several repeats, reported as medians.
+Timing rules, kept by every benchmark: the clock is read after the device has finished its queued work
+(`spec_decoding.stats.clock`); warm-up calls come first and are not counted; several repeats, reported as medians.
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
-import math
 import os
 import platform
 import shutil
@@ -34,16 +31,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 SHARED_BPE_DIR = REPO_ROOT.parent / "shared" / "gpt2-bpe"  # OpenAI's GPT-2 vocabulary, for offline use
 
-# Two small random GPT-2s for tests and smoke runs, with GPT-2's vocabulary and
-# context window so that the real prompts fit. Benchmarks take them by name.
+# Two small random GPT-2s for tests and smoke runs, with GPT-2's vocabulary and context window so that the real
+# prompts fit. Benchmarks take them by name: "tiny", "tiny-draft".
 TINY_TARGET = GPT2Config(n_layer=2, n_head=2, n_embd=64)
 TINY_DRAFT = GPT2Config(n_layer=1, n_head=2, n_embd=64)
-TINY_SHAPES = {"tiny": TINY_TARGET, "tiny-draft": TINY_DRAFT}
 
 
 def shape(name: str) -> GPT2Config:
     """A preset's config ("gpt2", "gpt2-large", ...) or a tiny one ("tiny", "tiny-draft")."""
-    return TINY_SHAPES[name] if name in TINY_SHAPES else preset(name)
+    return {"tiny": TINY_TARGET, "tiny-draft": TINY_DRAFT}.get(name) or preset(name)
 
 
 def device_name(device: torch.device) -> str:
@@ -60,22 +56,19 @@ def device_name(device: torch.device) -> str:
 
 
 def git_commit() -> str | None:
-    """The repository's HEAD commit, with '+dirty' if the tree has changes; None outside git."""
-    def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    """The repository's short HEAD commit, with '+dirty' if tracked files have changes; None outside git."""
+    try:  # --exclude=*: no tag names, the commit hash itself
+        done = subprocess.run(["git", "describe", "--always", "--dirty=+dirty", "--exclude=*"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return head.stdout.strip() + ("+dirty" if dirty else "") if head.returncode == 0 else None
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def environment(device: torch.device, dtype: torch.dtype, models: dict[str, str], path: str,
                 quantize: str | None = None) -> dict:
-    """The header stored with every result: where and how it was measured;
-    `path` is `gpt2.fast.status(model)`, `quantize` "int8" for int8 weights."""
+    """The header stored with every result: where and how it was measured; `path` is `gpt2.fast.status(model)`,
+    `quantize` "int8" for int8 weights."""
     return {
         "device": str(device), "device_name": device_name(device), "dtype": str(dtype).removeprefix("torch."),
         "quantize": quantize, "torch": torch.__version__, "python": platform.python_version(),
@@ -122,29 +115,18 @@ def results_dir(out: str | Path | None, prefix: str) -> Path:
     return folder
 
 
-def json_ready(value):
-    """`value` with NaN and infinities turned into None (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(v) for v in value]
-    return value
-
-
 def write_json(path: Path, payload: dict) -> None:
-    """`payload` as indented JSON, NaN and infinities written as null."""
-    path.write_text(json.dumps(json_ready(payload), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    """`payload` as indented JSON, NaN and infinities written as null (JSON has no NaN)."""
+    finite = json.loads(json.dumps(payload), parse_constant=lambda _: None)  # NaN, Infinity, -Infinity -> None
+    path.write_text(json.dumps(finite, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
 
 def write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict]) -> None:
     """One line per row; missing values are left empty, floats written in full."""
     with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")  # None and missing: empty
         writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+        writer.writerows(rows)
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -155,10 +137,9 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 
 @dataclass
 class ModelPair:
-    """The models a benchmark decodes with: `target` and `draft` in eval mode
-    on one device and dtype (the same object when the draft is the target),
-    the names the report gives them, their `weights` ("checkpoint", "random":
-    real shapes, random weights, or "tiny") and the target's tokenizer folder."""
+    """`target` and `draft` in eval mode on one device and dtype (the same object when the target drafts for
+    itself), the names the report gives them, their `weights` ("checkpoint", "random": real shapes with random
+    weights, or "tiny") and the target's tokenizer folder."""
 
     target: GPT2
     draft: GPT2
@@ -182,14 +163,11 @@ class ModelPair:
 
 def random_model(config: GPT2Config, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  seed: int = 0, quantize: str | None = None, accelerate: bool = True) -> GPT2:
-    """A GPT-2 of `config`'s shape with GPT-2's random init from `seed`, set up
-    as `load_model` sets up a checkpoint: on a CPU in float32 accelerated
-    (`gpt2.fast.accelerate`, unless `accelerate` is False), its weight
-    matrices rounded to int8 if `quantize` is "int8"."""
+    """A GPT-2 of `config`'s shape with GPT-2's random init from `seed`, set up as `load_model` sets up a checkpoint:
+    accelerated on a CPU in float32 (unless `accelerate` is False), weight matrices int8 if `quantize` is "int8"."""
     with torch.device("meta"):
         model = GPT2(config)  # shapes only: the seeded init below fills them once
-    model = model.to_empty(device="cpu")
-    init_random_weights(model, generator=torch.Generator().manual_seed(seed))
+    model = init_random_weights(model.to_empty(device="cpu"), generator=torch.Generator().manual_seed(seed))
     model = model.to(device=device, dtype=dtype).eval()
     int8 = resolve_quantize(quantize, model.device, model.dtype) == "int8"
     if accelerate and model.device.type == "cpu" and model.dtype == torch.float32:
@@ -200,10 +178,9 @@ def random_model(config: GPT2Config, *, device: str | torch.device = "cpu", dtyp
 
 
 def noisy_copy(model: GPT2, *, scale: float, seed: int, relative: bool = False) -> GPT2:
-    """A copy of `model` with N(0, scale) noise added to every weight matrix
-    and embedding W (layer norms and biases untouched), or N(0, scale * std(W))
-    if `relative`: a draft whose distributions are real and partly agree with
-    the target's. The copy is on the readable path, in eval mode."""
+    """A copy of `model`, on the readable path in eval mode, with N(0, scale) noise (N(0, scale * std(W)) if
+    `relative`) added to every weight matrix and embedding W, not to layer norms and biases: a draft that partly
+    agrees with the target."""
     copy = GPT2(model.config)
     copy.load_state_dict(model.state_dict())
     g = torch.Generator().manual_seed(seed)
@@ -217,16 +194,13 @@ def noisy_copy(model: GPT2, *, scale: float, seed: int, relative: bool = False) 
 def build_pair(target: str, draft: str, *, weights: str = "checkpoint", draft_equals_target: bool = False,
                device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                quantize: str | None = None, seed: int = 0, accelerate: bool = True) -> ModelPair:
-    """Loads or builds the (target, draft) pair. `target`, `draft`: Hub ids or
-    folders (weights="checkpoint"), or preset names such as "gpt2-large"
-    (weights="random"); ignored for "tiny". `draft_equals_target`: the target
-    drafts for itself (the same object). `quantize`: None or "int8", for both
-    models. `accelerate`: False keeps the readable path. `seed` seeds random
-    weights (target: seed, draft: seed + 1).
+    """Loads or builds the (target, draft) pair. `target`, `draft`: Hub ids or folders (weights="checkpoint"),
+    preset names such as "gpt2-large" (weights="random"), ignored for "tiny". `draft_equals_target`: the target
+    drafts for itself. `quantize` (None or "int8") applies to both; `accelerate`: False keeps the readable path;
+    `seed` seeds random weights (target: seed, draft: seed + 1).
 
     Raises:
-        ValueError, FileNotFoundError: unknown names or a failed load, with a
-            message that says how to fix it.
+        ValueError, FileNotFoundError: unknown names or a failed load, saying how to fix it.
     """
     if weights not in ("checkpoint", "random", "tiny"):
         raise ValueError(f"weights must be 'checkpoint', 'random' or 'tiny', got {weights!r}")
@@ -249,10 +223,9 @@ def build_pair(target: str, draft: str, *, weights: str = "checkpoint", draft_eq
 
 
 def load_prompt_tokenizer(model_folder: Path | None = None):
-    """The GPT-2 tokenizer for the benchmark prompts: from the model folder's
-    vocab.json/merges.txt, else ../shared/gpt2-bpe (OpenAI's encoder.json and
-    vocab.bpe, the same files), else tiktoken's own "gpt2" download; a
-    FileNotFoundError if none of them is available."""
+    """The GPT-2 tokenizer for the benchmark prompts: from the model folder's vocab.json/merges.txt, else
+    ../shared/gpt2-bpe (OpenAI's encoder.json and vocab.bpe, the same files), else tiktoken's own "gpt2" download;
+    a FileNotFoundError if none of them is available."""
     if model_folder is not None and (Path(model_folder) / "vocab.json").is_file():
         return load_tokenizer(model_folder)
     if SHARED_BPE_DIR.is_dir():
@@ -276,9 +249,8 @@ def encode_prompts(tokenizer, prompts: Sequence[tuple[str, str]], device: torch.
 
 
 def check_range(option: str, value: int | float, low: int | float, high: int | float, why: str = "") -> None:
-    """Raises a ValueError naming the command-line `option` unless `value`
-    lies in low..high (NaN never does); `why` says where `high` comes from,
-    e.g. " (this machine's logical CPUs)"."""
+    """Raises a ValueError naming the command-line `option` unless `value` lies in low..high (NaN never does);
+    `why` says where `high` comes from, e.g. " (this machine's logical CPUs)"."""
     if not low <= value <= high:
         raise ValueError(f"{option} must lie in {low}..{high}{why}, got {value}")
 
@@ -289,20 +261,17 @@ def logical_cpus() -> int:
 
 
 def set_threads(threads: int | None) -> None:
-    """Gives torch `threads` CPU threads (None: leaves torch's own choice);
-    more than the machine's logical CPUs only oversubscribe the cores, and a
-    huge count crashes torch, so they are a ValueError."""
+    """Gives torch `threads` CPU threads (None: torch's own choice); more than the logical CPUs is a ValueError
+    (they only oversubscribe the cores, and a huge count crashes torch)."""
     if threads is not None:
         check_range("--threads", threads, 1, logical_cpus(), " (this machine's logical CPUs)")
         torch.set_num_threads(threads)
 
 
 def check_passes_fit(n_ctx: int, used: int, what_uses: str, passes: dict[str, int]) -> None:
-    """Raises a ValueError unless every verification pass of `passes`
-    ({the option that asks for it, e.g. "--gamma 8": its tokens, gamma + 1
-    or a tree's nodes + 1}) fits the context window of `n_ctx` positions
-    after the `used` positions that `what_uses` names (a prompt and the
-    tokens generated after it)."""
+    """Raises a ValueError unless every verification pass of `passes` ({the option asking for it, e.g. "--gamma 8":
+    its tokens, gamma + 1 or a tree's nodes + 1}) fits the context window of `n_ctx` positions after the `used`
+    positions that `what_uses` names (a prompt and the tokens generated after it)."""
     room = n_ctx - used  # the longest pass that still fits
     for option, tokens in passes.items():
         if tokens > room:
@@ -313,8 +282,8 @@ def check_passes_fit(n_ctx: int, used: int, what_uses: str, passes: dict[str, in
 
 
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Runs `main(argv)`; a user mistake (ValueError, FileNotFoundError) becomes
-    one line on stderr and exit code 2, never a traceback."""
+    """Runs `main(argv)`; a user mistake (ValueError, FileNotFoundError) becomes one line on stderr and exit code 2,
+    never a traceback; Ctrl-C exit code 130."""
     try:
         return main(argv)
     except (ValueError, FileNotFoundError) as e:

@@ -1,17 +1,15 @@
 """Decode speed of the hand-written GPT-2 beside transformers' GPT-2 (the same
 weights) and the memory-bandwidth bound: prefill, one decode step (t_step)
-and one pass over k new tokens (t_v(k)), on a KV cache of --prefix tokens,
-random weights, fp32, batch 1. r_k = t_v(k) / t_step is the cost of
-verifying gamma = k - 1 drafts: speculative decoding pays only while it stays
-near 1 (Leviathan et al. 2023). --busy N keeps N cores busy in every other
-phase, for every figure and a simulated alpha 0.8, gamma 4 speedup.
+and one pass over k new tokens (t_v(k)) on a KV cache of --prefix tokens,
+random weights, fp32, batch 1. r_k = t_v(k) / t_step is the cost of verifying
+gamma = k - 1 drafts: speculative decoding pays only while it stays near 1
+(Leviathan et al. 2023). --busy N keeps N cores busy in every other phase,
+for every figure and a simulated alpha 0.8, gamma 4 speedup.
 
-    python -m benchmarks.decode_speed                      # gpt2 and gpt2-large shapes
     python -m benchmarks.decode_speed --models gpt2-large --tree-mask --readable --int8
     python -m benchmarks.decode_speed --models gpt2-large --busy 1 --fixed-threads --repeats 5
 
-Outputs (--out, default benchmarks/results/decode_speed-<UTC time>/):
-decode_speed.md (the tables, with the environment header), decode_speed.json (every sample).
+Writes decode_speed.md (the tables) and decode_speed.json (every sample) to --out.
 """
 
 from __future__ import annotations
@@ -21,11 +19,13 @@ import atexit
 import contextlib
 import functools
 import gc
+import importlib.util
 import os
 import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, replace
 from statistics import median
 
 import torch
@@ -37,18 +37,24 @@ from spec_decoding import SimulatedDrafter, TokenTree, speculative_generate
 from spec_decoding.stats import clock
 
 CPU = torch.device("cpu")
-DTYPE = torch.float32
 LONG_K = 5  # the verification length timed at the long context (gamma = 4)
 MAX_K = 64  # the longest verification --ks may ask for
 SIM_ALPHA, SIM_GAMMA, SIM_PROMPT = 0.8, 4, 32  # the simulated speculative runs of --busy (a 32-token prompt)
 # A spinner: a tight Python loop that ends by itself once its parent is gone.
 SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    for _ in range(10**6): pass\n"
 SETTLE_S = 0.2  # after starting the spinners, before timing
-SETTLE_STEPS = 6  # untimed decode steps per phase with --busy (`settle`)
+SETTLE_STEPS = 6  # untimed decode steps per phase with --busy (see `one_turn`)
 
 
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def timed(fn, *args) -> float:
+    """Seconds that `fn(*args)` takes."""
+    t0 = clock(CPU)
+    fn(*args)
+    return clock(CPU) - t0
 
 
 class BandwidthProbe:
@@ -69,10 +75,9 @@ class BandwidthProbe:
 
 
 class Spinners:
-    """`n` processes that keep a core busy each, started and stopped around a
-    loaded phase; stopped at exit whatever happens, and each ends by itself
-    if this process dies. `n` (--busy) is 0 to the machine's logical CPUs,
-    or a ValueError."""
+    """`n` processes that keep a core busy each inside `running(True)`, stopped
+    at exit whatever happens; each also ends by itself if this process dies.
+    `n` (--busy) is 0 to the machine's logical CPUs, or a ValueError."""
 
     def __init__(self, n: int) -> None:
         check_range("--busy", n, 0, logical_cpus(), " (this machine's logical CPUs)")
@@ -100,9 +105,9 @@ class Spinners:
 
 def weight_bytes(model: GPT2, int8: bool) -> int:
     """Bytes of weights one decode step reads: every parameter once (the LM
-    head is the tied wte) but one row of the position table wpe; a weight
-    matrix read as int8 (`int8`: the fast path of a quantised model) as 1 byte
-    a weight plus its rows' float32 scales."""
+    head is the tied wte) but one row of the position table wpe; with `int8`
+    (the fast path of a quantised model) a packed matrix as 1 byte a weight
+    plus its rows' float32 scales."""
     params = dict(model.named_parameters())  # the tied wte once
     total = sum(p.numel() * p.element_size() for p in params.values())
     for name, packed in model.accelerator.packed.items() if int8 else ():
@@ -114,8 +119,7 @@ def weight_bytes(model: GPT2, int8: bool) -> int:
 
 
 def step_bytes(model: GPT2, context: int, int8: bool) -> int:
-    """Bytes one decode step must read with `context` positions cached: the
-    weights, and the keys and values of every layer at context + 1 positions."""
+    """Bytes one decode step reads after `context` cached positions: the weights and L layers' keys and values."""
     c = model.config
     return weight_bytes(model, int8) + 2 * c.n_layer * (context + 1) * c.n_embd * model.dtype.itemsize
 
@@ -127,25 +131,27 @@ def tree_mask(k: int) -> torch.Tensor:
     return TokenTree((0,) * k, tuple((i - 1) // 2 for i in range(k))).ancestor_mask()  # the root's parent: -1
 
 
+@dataclass
 class OursRunner:
     """Our GPT-2 with a KV cache per context slot: the fast path it was given,
     or (`readable`) the same model with `model.accelerator = None`, or
     (`fixed_threads`) the fast path without its thread chooser; `tree`:
     verification passes take `tree_mask(k)`."""
 
-    def __init__(self, model: GPT2, label: str = "ours", *, readable: bool = False, tree: bool = False,
-                 fixed_threads: bool = False) -> None:
-        self.model, self.name, self.readable, self.tree = model, label, readable, tree
-        self.fixed_threads = fixed_threads
-        self.label = (label + (", readable" if readable else "") + (", fixed threads" if fixed_threads else "")
-                      + (", tree mask" if tree else ""))
-        self.int8 = not readable and getattr(model.accelerator, "int8", False)  # the kernels read int8 weights
+    model: GPT2
+    name: str = "ours"
+    readable: bool = False
+    tree: bool = False
+    fixed_threads: bool = False
+
+    def __post_init__(self) -> None:
+        flags = {"readable": self.readable, "fixed threads": self.fixed_threads, "tree mask": self.tree}
+        self.label = ", ".join([self.name, *(flag for flag, on in flags.items() if on)])
+        self.int8 = not self.readable and getattr(self.model.accelerator, "int8", False)  # kernels read int8
         self.caches = {}
 
-    def twin(self, *, readable: bool, tree: bool) -> OursRunner:
-        return OursRunner(self.model, self.name, readable=readable, tree=tree, fixed_threads=self.fixed_threads)
-
-    def forward(self, tokens: torch.Tensor, cache, **kwargs) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache, *, mask: torch.Tensor | None = None,
+                last_logits_only: bool = False) -> torch.Tensor:
         accelerator = self.model.accelerator
         chooser = getattr(accelerator, "threads", None)
         if self.readable:
@@ -153,7 +159,7 @@ class OursRunner:
         elif self.fixed_threads and accelerator is not None:
             accelerator.threads = None  # every pass on torch.get_num_threads() threads
         try:
-            return self.model(tokens, cache, **kwargs)
+            return self.model(tokens, cache, mask=mask, last_logits_only=last_logits_only)
         finally:
             self.model.accelerator = accelerator
             if accelerator is not None:
@@ -163,9 +169,8 @@ class OursRunner:
         """Empties cache `slot` and fills it with `prompt` (1, P)."""
         if slot not in self.caches:  # room for the prompt and the longest verification, not n_ctx
             self.caches[slot] = self.model.new_cache(1, capacity=min(prompt.size(1) + MAX_K, self.model.config.n_ctx))
-        cache = self.caches[slot]
-        cache.rewind(0)
-        self.forward(prompt, cache, last_logits_only=True)
+        self.caches[slot].rewind(0)
+        self.forward(prompt, self.caches[slot], last_logits_only=True)
 
     def verify(self, tokens: torch.Tensor, slot: str) -> torch.Tensor:
         """Logits (1, k, V) of `tokens` (1, k) on top of cache `slot`, which is then rewound."""
@@ -201,44 +206,27 @@ class TransformersRunner:
         return logits
 
 
-def timed(fn, *args) -> float:
-    """Seconds that `fn(*args)` takes."""
-    t0 = clock(CPU)
-    fn(*args)
-    return clock(CPU) - t0
-
-
 def one_turn(r, prompts: dict[str, torch.Tensor], drafts: torch.Tensor, ks: dict[str, list[int]],
-             probe: BandwidthProbe) -> dict[str, float]:
+             probe: BandwidthProbe, settle: bool) -> dict[str, float]:
     """One repeat of runner `r`: "<slot> k=1", each decode step between two
     bandwidth samples ("<slot> bandwidth", their mean, bytes/s: a shared
-    machine's bandwidth drifts within seconds, so a step is set against the
-    bandwidth around it), then "prefill" and every "<slot> k=<k>" (seconds).
-    Each call leaves the cache at its context."""
-    got = {}
-    before = probe.sample()
+    machine's bandwidth drifts within seconds), then "prefill" and every
+    "<slot> k=<k>" (seconds); each call leaves the cache at its context.
+    `settle` (--busy) first makes SETTLE_STEPS untimed steps and one pass of
+    each k, so that the thread chooser (gpt2/fast/threads.py) meets the load."""
+    for slot in prompts if settle else ():
+        for k in [1] * SETTLE_STEPS + ks[slot]:
+            r.verify(drafts[:, :k], slot)
+    got, before = {}, probe.sample()
     for slot in prompts:
         got[f"{slot} k=1"] = timed(r.verify, drafts[:, :1], slot)
         after = probe.sample()
         got[f"{slot} bandwidth"], before = (before + after) / 2, after
     got["prefill"] = timed(r.prefill, prompts["short"], "short")  # leaves the prompt in the cache
     for slot in prompts:
-        for k in ks[slot][1:]:
+        for k in ks[slot]:
             got[f"{slot} k={k}"] = timed(r.verify, drafts[:, :k], slot)
     return got
-
-
-def settle(r, prompts: dict[str, torch.Tensor], drafts: torch.Tensor, ks: dict[str, list[int]]) -> None:
-    """Untimed passes before a phase is timed with --busy: SETTLE_STEPS decode
-    steps and one pass of each verification length, so that the thread
-    chooser (gpt2/fast/threads.py: it moves after a few passes far from their
-    usual time) meets the load it is timed under, as in a generation during
-    which the load lasts. Every runner gets them."""
-    for slot in prompts:
-        for _ in range(SETTLE_STEPS):
-            r.verify(drafts[:, :1], slot)
-        for k in ks[slot][1:]:
-            r.verify(drafts[:, :k], slot)
 
 
 def interleaved(items: list, args: argparse.Namespace, spinners: Spinners):
@@ -254,45 +242,27 @@ def interleaved(items: list, args: argparse.Namespace, spinners: Spinners):
                     yield rep, phase, item
 
 
-def time_runners(runners: list, prompts: dict[str, torch.Tensor], drafts: torch.Tensor, ks: dict[str, list[int]],
-                 args: argparse.Namespace, probe: BandwidthProbe,
-                 spinners: Spinners) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """samples[phase][runner label][key] (keys: see `one_turn`) of the
-    `interleaved` turns, the first --warmup repeats dropped."""
-    samples = {phase: {r.label: {} for r in runners} for phase in ["quiet", "loaded"][: 1 + bool(spinners.n)]}
-    for r in runners:
-        for slot, prompt in prompts.items():
-            r.prefill(prompt, slot)
-    for rep, phase, r in interleaved(runners, args, spinners):
-        if spinners.n:
-            settle(r, prompts, drafts, ks)
-        got = one_turn(r, prompts, drafts, ks, probe)
-        for key, value in got.items() if rep >= args.warmup else ():
-            samples[phase][r.label].setdefault(key, []).append(value)
-    return samples
-
-
 def figures(s: dict[str, list[float]], ks: dict[str, list[int]], nbytes: dict[str, int]) -> dict:
-    """One runner's samples `s` and its figures at every context slot, where
-    a step reads `nbytes[slot]`. r_k is the median over repeats of t_v(k) /
-    t_step within each repeat: a ratio of two medians can pair calls from a
-    fast and a slow phase of the machine."""
+    """One runner's samples `s` and its figures at each context slot, where a
+    step reads `nbytes[slot]`. r_k pairs t_v(k) and t_step of each repeat: a
+    ratio of two medians can pair calls from a fast and a slow phase."""
     result = {"samples": s, "prefill_s": median(s["prefill"])}
     for slot, n in nbytes.items():
         steps, bandwidth = s[f"{slot} k=1"], s[f"{slot} bandwidth"]
+        verify = {k: median(s[f"{slot} k={k}"]) for k in ks[slot]}
         fractions = [n / bw / t for bw, t in zip(bandwidth, steps)]  # each step against its own bound
-        verify = {k: median(s[f"{slot} k={k}"]) for k in ks[slot][1:]}
         result[slot] = {
             "step_bytes": n, "step_s": median(steps), "verify_s": verify,
             "read_bandwidth_bytes_per_s": median(bandwidth), "bound_s": n / median(bandwidth),
             "fraction_of_bound": median(fractions), "fraction_of_bound_samples": fractions,
-            "r": {k: median([t / t1 for t, t1 in zip(s[f"{slot} k={k}"], steps)]) for k in ks[slot][1:]},  # paired
+            "r": {k: median([t / t1 for t, t1 in zip(s[f"{slot} k={k}"], steps)]) for k in ks[slot]},
             "r_of_medians": {k: t / median(steps) for k, t in verify.items()},
         }
     return result
 
 
 def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spinners: Spinners) -> dict:
+    """Every implementation asked for on shape `name`, checked against the readable path, then timed."""
     config = shape(name)
     say(f"[{name}] building the model with random weights ...")
     model = random_model(config, seed=args.seed)
@@ -303,9 +273,9 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
     if args.fixed_threads:
         runners.append(OursRunner(model, fixed_threads=True))
     if args.readable:
-        runners.append(runners[0].twin(readable=True, tree=False))
+        runners.append(OursRunner(model, readable=True))
     if args.tree_mask:
-        runners += [r.twin(readable=r.readable, tree=True) for r in runners]
+        runners += [replace(r, tree=True) for r in runners]
     if not args.no_transformers:
         say(f"[{name}] copying the weights into transformers' GPT2LMHeadModel ...")
         runners.append(TransformersRunner(model))
@@ -313,17 +283,17 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
     g = torch.Generator().manual_seed(args.seed)
     prompt = torch.randint(config.vocab_size, (1, args.prefix), generator=g)  # (1, P)
     drafts = torch.randint(config.vocab_size, (1, max(*args.ks, LONG_K)), generator=g)  # (1, max k)
-    prompts, ks = {"short": prompt}, {"short": [1, *args.ks]}
+    prompts, ks = {"short": prompt}, {"short": args.ks}  # the verification lengths timed at each context
     if args.long > 0:
         prompts["long"] = torch.cat([prompt, torch.randint(config.vocab_size, (1, args.long), generator=g)], 1)
-        ks["long"] = [1, LONG_K]
+        ks["long"] = [LONG_K]
     contexts = {slot: p.size(1) for slot, p in prompts.items()}
 
     with torch.inference_mode():
         # Each implementation against the readable path of the same model and mask: timing wrong logits means nothing.
         diffs = {}
         for r in runners:
-            ref = OursRunner(r.model, getattr(r, "name", "ours"), readable=True, tree=r.tree)
+            ref = OursRunner(r.model, readable=True, tree=r.tree)
             for runner in (r, ref):
                 runner.prefill(prompt, "check")
             diffs[r.label] = (r.verify(drafts, "check") - ref.verify(drafts, "check")).abs().max().item()
@@ -335,7 +305,15 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
             + (f", step and k = {LONG_K} at {contexts['long']}" if args.long else "")
             + (f", quiet and with {spinners.n} busy core(s)" if spinners.n else "")
             + f" ({args.warmup} warm-up + {args.repeats} repeats) ...")
-        samples = time_runners(runners, prompts, drafts, ks, args, probe, spinners)
+        # samples[phase][label][key] (keys: see `one_turn`), the warm-up repeats dropped
+        samples = {phase: {r.label: {} for r in runners} for phase in ["quiet", "loaded"][: 1 + bool(spinners.n)]}
+        for r in runners:
+            for slot, p in prompts.items():
+                r.prefill(p, slot)
+        for rep, phase, r in interleaved(runners, args, spinners):
+            got = one_turn(r, prompts, drafts, ks, probe, settle=spinners.n > 0)
+            for key, value in got.items() if rep >= args.warmup else ():
+                samples[phase][r.label].setdefault(key, []).append(value)
 
     result = {"model": name, "weight_bytes": weight_bytes(model, False), "path": fast.status(model),
               "max_abs_logit_diff": diffs, "contexts": contexts,
@@ -352,9 +330,9 @@ def bench_model(name: str, args: argparse.Namespace, probe: BandwidthProbe, spin
 def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
     """Greedy speculative decoding of --gen tokens after a SIM_PROMPT-token
     prompt with a `SimulatedDrafter` (alpha SIM_ALPHA, gamma SIM_GAMMA; repeat
-    r draws its coins from seed --seed + r, the same in both phases) against
-    `generate`, quiet and loaded: speedup = the median over repeats of
-    baseline / speculative seconds in the same phase of the same repeat."""
+    r draws its coins from seed --seed + r in both phases) against `generate`,
+    quiet and loaded: speedup = the median over repeats of baseline /
+    speculative seconds in the same phase of the same repeat."""
     say(f"[speedup] {args.draft} -> {args.models[-1]}, simulated alpha {SIM_ALPHA}, gamma {SIM_GAMMA}, "
         f"{args.gen} tokens, quiet and with {spinners.n} busy core(s) ...")
     target = random_model(shape(args.models[-1]), seed=args.seed)
@@ -362,24 +340,20 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
     g = torch.Generator().manual_seed(args.seed)
     prompt = torch.randint(target.config.vocab_size, (1, SIM_PROMPT), generator=g)  # (1, P)
     reference = generate(target, prompt, args.gen)  # (1, P + gen): what the simulated drafter copies
-    runs = []  # the SpecStats of every timed speculative run
-
-    def speculative(seed: int, counted: bool) -> None:
-        drafter = SimulatedDrafter(draft, reference, SIM_ALPHA, seed=seed)
-        out, stats = speculative_generate(target, drafter, prompt, gamma=SIM_GAMMA, max_new_tokens=args.gen)
-        assert torch.equal(out, reference), "greedy speculative output must equal greedy decoding"
-        if counted:
-            runs.append(stats)
-
     seconds = {phase: {"baseline": [], "speculative": []} for phase in ("quiet", "loaded")}
+    runs = []  # the SpecStats of every counted speculative run
     for rep, phase, kind in interleaved(["baseline", "speculative"], args, spinners):
-        counted = rep >= args.warmup
+        t0 = clock(CPU)
         if kind == "baseline":
-            t = timed(generate, target, prompt, args.gen)
-        else:
-            t = timed(speculative, args.seed + rep, counted)  # both phases of a repeat: the same luck
-        if counted:
+            generate(target, prompt, args.gen)
+        else:  # the drafter draws from seed --seed + repeat: both phases of a repeat get the same luck
+            drafter = SimulatedDrafter(draft, reference, SIM_ALPHA, seed=args.seed + rep)
+            out, stats = speculative_generate(target, drafter, prompt, gamma=SIM_GAMMA, max_new_tokens=args.gen)
+        t = clock(CPU) - t0
+        assert kind == "baseline" or torch.equal(out, reference), "greedy speculative output must equal greedy decoding"
+        if rep >= args.warmup:
             seconds[phase][kind].append(t)
+            runs += [stats] if kind == "speculative" else []
     result = {"target": args.models[-1], "draft": args.draft, "alpha_sim": SIM_ALPHA, "gamma": SIM_GAMMA,
               "new_tokens": args.gen, "alpha": sum(r.alpha for r in runs) / len(runs),
               "tokens_per_target_call": sum(r.tokens_per_target_call for r in runs) / len(runs)}
@@ -395,51 +369,44 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
-def phases(res: dict) -> list[tuple[str, dict]]:
-    """(phase, implementations) of one model: quiet, and loaded with --busy."""
-    return [("quiet", res["implementations"])] + ([("loaded", res["loaded"])] if "loaded" in res else [])
-
-
 def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, env: dict) -> str:
-    k5 = 5 if 5 in args.ks else args.ks[0]
-    P = args.prefix + args.long
-    bandwidths = [bw for res in results for _, impl in phases(res) for e in impl.values()
-                  for slot in res["contexts"] for bw in e["samples"][f"{slot} bandwidth"]]
+    """decode_speed.md: the environment, the step and k tables, the others against ours, the --busy speedup."""
+    k5, P = 5 if 5 in args.ks else args.ks[0], args.prefix + args.long
+    loads = {"quiet": "quiet", "loaded": f"{args.busy} busy"}  # the "load" column of each phase
+    phases = [(res, phase, res["implementations" if phase == "quiet" else "loaded"])
+              for res in results for phase in loads if phase == "quiet" or "loaded" in res]
+    gbps = [bw / 1e9 for res, _, impl in phases for e in impl.values()
+            for slot in res["contexts"] for bw in e["samples"][f"{slot} bandwidth"]]
     load = f"; with --busy {args.busy}, every repeat also has a phase with {args.busy} core(s) kept busy by a " \
         "spinning process (\"loaded\")" if args.busy else ""
     lines = ["# Decode speed", "", *environment_lines(env),
              f"- read bandwidth (summing a {args.bandwidth_mib} MiB tensor right before and after each timed decode "
-             f"step): median {median(bandwidths) / 1e9:.1f} GB/s, {min(bandwidths) / 1e9:.1f} to "
-             f"{max(bandwidths) / 1e9:.1f} over the run",
+             f"step): median {median(gbps):.1f} GB/s, {min(gbps):.1f} to {max(gbps):.1f} over the run",
              f"- batch 1, random weights, prefix {args.prefix} tokens; medians of {args.repeats} interleaved repeats "
              f"after {args.warmup} warm-up{load}", f"- command: `{args.command}`", ""]
 
-    def key(res: dict, phase: str, label: str) -> list[str]:
-        return [res["model"], *([phase if phase == "quiet" else f"{args.busy} busy"] if args.busy else []), label]
-
-    headers = ["model", *(["load"] if args.busy else []), "implementation", f"prefill {args.prefix} (ms)",
-               "step (ms)", "bound (ms)", "% of bound", f"t_v({k5}) (ms)", f"r_{k5}"]
-    if args.long:
-        headers += [f"step @{P} (ms)", f"bound @{P} (ms)", f"% of bound @{P}", f"t_v({LONG_K}) @{P} (ms)",
-                    f"r_{LONG_K} @{P}"]
+    # Each context timed: (slot, its columns' suffix, the k shown, what precedes it in a comparison).
+    slots = [("short", "", k5, ", "), ("long", f" @{P}", LONG_K, f"; at {P}: ")][: 1 + bool(args.long)]
+    headers = ["model", *(["load"] if args.busy else []), "implementation", f"prefill {args.prefix} (ms)"]
+    for _, at, k, _ in slots:
+        headers += [f"step{at} (ms)", f"bound{at} (ms)", f"% of bound{at}", f"t_v({k}){at} (ms)", f"r_{k}{at}"]
     rows, k_rows, comparisons = [], [], []  # comparisons: every other implementation against "ours"
-    for res in results:
-        for phase, impl in phases(res):
-            o = impl["ours"]
-            for label, e in impl.items():
-                row = [ms(e["prefill_s"])]
-                line = (f"- {res['model']}{', ' + phase if args.busy else ''}: {label} / ours: prefill "
-                        f"{e['prefill_s'] / o['prefill_s']:.2f}x")
-                for slot, k in (("short", k5), ("long", LONG_K))[: 1 + bool(args.long)]:
-                    s, so = e[slot], o[slot]
-                    row += [ms(s["step_s"]), ms(s["bound_s"]), f"{100 * s['fraction_of_bound']:.0f}%",
-                            ms(s["verify_s"][k]), f"{s['r'][k]:.2f}"]
-                    line += (", " if slot == "short" else f"; at {P}: ") + (
-                        f"step {s['step_s'] / so['step_s']:.2f}x, t_v({k}) {s['verify_s'][k] / so['verify_s'][k]:.2f}x")
-                rows.append(key(res, phase, label) + row)
-                k_rows.append(key(res, phase, label) + [f"{ms(e['short']['verify_s'][k])} ({e['short']['r'][k]:.2f})"
-                                                        for k in args.ks])
-                comparisons += [line] if label != "ours" else []
+    for res, phase, impl in phases:
+        o = impl["ours"]
+        for label, e in impl.items():
+            key = [res["model"], *([loads[phase]] if args.busy else []), label]
+            row = key + [ms(e["prefill_s"])]
+            line = (f"- {res['model']}{', ' + phase if args.busy else ''}: {label} / ours: prefill "
+                    f"{e['prefill_s'] / o['prefill_s']:.2f}x")
+            for slot, _, k, before in slots:
+                s, so = e[slot], o[slot]
+                row += [ms(s["step_s"]), ms(s["bound_s"]), f"{100 * s['fraction_of_bound']:.0f}%",
+                        ms(s["verify_s"][k]), f"{s['r'][k]:.2f}"]
+                line += (f"{before}step {s['step_s'] / so['step_s']:.2f}x, "
+                         f"t_v({k}) {s['verify_s'][k] / so['verify_s'][k]:.2f}x")
+            rows.append(row)
+            k_rows.append(key + [f"{ms(e['short']['verify_s'][k])} ({e['short']['r'][k]:.2f})" for k in args.ks])
+            comparisons += [line] if label != "ours" else []
     lines += ["## Step, verification and the bandwidth bound", "",
               "bound = bytes one step must read (every weight once, plus the cached keys and values; int8 weights: "
               "1 byte each plus their rows' scales) / read bandwidth. % of bound: each step against the bound of the "
@@ -451,7 +418,6 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
               f"## Verification of k tokens in one forward pass at context {args.prefix}: t_v(k) in ms (r_k = "
               "t_v(k) / t_step: the median over the repeats of each repeat's ratio)", "",
               markdown_table(headers[: 3 if args.busy else 2] + [f"k={k}" for k in args.ks], k_rows), ""]
-
     if comparisons:
         lines += ["## The others against ours (time ratios; higher: ours faster)", "", *comparisons, ""]
     if speedup:
@@ -463,10 +429,9 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
                   f"{speedup['tokens_per_target_call']:.2f} tokens per target call, means over the runs). speedup: "
                   "the median over repeats of `generate` seconds / speculative seconds in the same phase.", "",
                   markdown_table(["load", "speedup [min-max]", "baseline (s)", "speculative (s)"], [
-                      [phase if phase == "quiet" else f"{args.busy} busy",
-                       f"{s['speedup']:.2f} [{s['speedup_min']:.2f}-{s['speedup_max']:.2f}]",
-                       f"{s['baseline_s']:.2f}", f"{s['speculative_s']:.2f}"]
-                      for phase, s in ((p, speedup[p]) for p in ("quiet", "loaded"))]), ""]
+                      [loads[p], f"{speedup[p]['speedup']:.2f} [{speedup[p]['speedup_min']:.2f}-"
+                       f"{speedup[p]['speedup_max']:.2f}]", f"{speedup[p]['baseline_s']:.2f}",
+                       f"{speedup[p]['speculative_s']:.2f}"] for p in loads]), ""]
     return "\n".join(lines)
 
 
@@ -482,44 +447,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="verification lengths, 2 to 64 (default 2..9 16 32)")
     p.add_argument("--long", type=int, default=500,
                    help="also time step and k=5 with the cache at prefix + LONG positions (default 500; 0: skip)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads, at most the logical CPUs (default: torch's own choice)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
     p.add_argument("--bandwidth-mib", type=int, default=1024,
-                   help=f"size of the tensor summed to measure read bandwidth, at most {BandwidthProbe.MAX_MIB}")
-    p.add_argument("--readable", action="store_true",
-                   help="also time the same model on the readable path (model.accelerator = None)")
-    p.add_argument("--tree-mask", action="store_true",
-                   help="also time every verification with a token tree's ancestor mask")
-    p.add_argument("--fixed-threads", action="store_true", help="also time the fast path without its thread "
-                   "chooser: every pass on all torch threads (gpt2/fast/threads.py)")
-    p.add_argument("--int8", action="store_true", help="also time the model with int8 weight matrices "
-                   "(gpt2.fast.accelerate(model, int8=True)), against its own bound")
-    p.add_argument("--busy", type=int, default=0, metavar="N", help="also measure everything with N cores kept "
-                   "busy by spinning processes, in the same repeats, and the simulated alpha 0.8, gamma 4 speedup "
-                   "quiet and loaded (default 0; at most the logical CPUs)")
-    p.add_argument("--draft", default="gpt2", help="--busy: the draft shape of the speedup run, whose target is "
-                   "the last of --models (default gpt2)")
+                   help=f"MiB summed to measure the read bandwidth (default 1024, at most {BandwidthProbe.MAX_MIB})")
+    p.add_argument("--readable", action="store_true", help="also time the readable path (model.accelerator = None)")
+    p.add_argument("--tree-mask", action="store_true", help="also time every verification with a tree's mask")
+    p.add_argument("--fixed-threads", action="store_true", help="also time the fast path without its thread chooser")
+    p.add_argument("--int8", action="store_true", help="also time the model with int8 weight matrices")
+    p.add_argument("--busy", type=int, default=0, metavar="N",
+                   help="also time everything, and a simulated alpha 0.8, gamma 4 speedup, with N cores kept busy "
+                   "(default 0)")
+    p.add_argument("--draft", default="gpt2", help="--busy: the speedup's draft shape, default gpt2 "
+                   "(its target: the last --models)")
     p.add_argument("--gen", type=int, default=100, help="--busy: new tokens of the speedup runs (default 100)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers (it need not be installed)")
     p.add_argument("--seed", type=int, default=0, help="seeds the random weights and tokens")
-    p.add_argument("--out", default=None, help="results folder (default benchmarks/results/decode_speed-<UTC time>/)")
+    p.add_argument("--out", help="results folder (default: benchmarks/results/decode_speed-<UTC time>/)")
     args = p.parse_args(argv)
     for name in ("repeats", "prefix", "gen"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+            raise ValueError(f"--{name} must be >= 1")
     if args.warmup < 0 or args.long < 0:
         raise ValueError("--warmup and --long must be >= 0")
     BandwidthProbe.check(args.bandwidth_mib)
     if any(not 2 <= k <= MAX_K for k in args.ks):
         raise ValueError(f"--ks are verification lengths: each must lie in 2..{MAX_K} (k = 1 is the decode step)")
     for name in args.models:
-        n_ctx = shape(name).n_ctx  # raises ValueError naming the presets
+        n_ctx = shape(name).n_ctx  # raises a ValueError naming the presets
         if args.prefix + args.long + max(*args.ks, LONG_K) > n_ctx:
             raise ValueError(f"--prefix {args.prefix} + --long {args.long} + the longest verification pass "
                              f"({max(*args.ks, LONG_K)} tokens) exceed {name}'s context window of {n_ctx}: give a "
                              "shorter --prefix or --long")
     n_ctx = min(shape(args.draft).n_ctx, shape(args.models[-1]).n_ctx)
-    if args.busy and SIM_PROMPT + args.gen > n_ctx:  # --gen: the speedup runs of --busy
+    if args.busy and SIM_PROMPT + args.gen > n_ctx:
         raise ValueError(f"--gen {args.gen} new tokens after the {SIM_PROMPT}-token prompt exceed the context "
                          f"window of {n_ctx}: give --gen at most {n_ctx - SIM_PROMPT}")
     args.ks = sorted(set(args.ks))
@@ -531,12 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_threads(args.threads)
     spinners = Spinners(args.busy)  # checks --busy
-    if not args.no_transformers:
-        try:
-            import transformers  # noqa: F401
-        except ImportError:
-            raise ValueError("transformers is not installed: pip install -r requirements-dev.txt, "
-                             "or pass --no-transformers") from None
+    if not args.no_transformers and importlib.util.find_spec("transformers") is None:
+        raise ValueError("transformers is not installed: pip install -r requirements-dev.txt, "
+                         "or pass --no-transformers")
     out = results_dir(args.out, "decode_speed")
     probe = BandwidthProbe(args.bandwidth_mib)
     try:
@@ -544,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         speedup = bench_speedup(args, spinners) if args.busy else None
     finally:
         spinners.stop()
-    env = environment(CPU, DTYPE, {f"shape {i + 1}": name for i, name in enumerate(args.models)}, results[0]["path"])
+    models = {f"shape {i + 1}": name for i, name in enumerate(args.models)}
+    env = environment(CPU, torch.float32, models, results[0]["path"])
     text = report(results, speedup, args, env)
     print(text)
     (out / "decode_speed.md").write_text(text + "\n", encoding="utf-8")

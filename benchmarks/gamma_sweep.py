@@ -1,16 +1,12 @@
-"""The gamma x max_gen sweep: the measured speedup of speculative decoding
-beside the one theory predicts from measured step costs (sweep_report.py),
-with token trees (tree_loop.py) beside the gammas on --tree. Each cell is timed
-against the baseline `gpt2.generate` on the same prompts, back to back in
-every repeat (reversed on odd repeats, so drift cancels); speedup is the
-median over repeats of baseline / speculative time. The step costs are timed
-in rounds between the runs (`ComponentTimer`). End-of-text is ignored: every
-run emits max_gen tokens.
+"""The gamma x max_gen sweep: the measured speedup of speculative decoding beside the one theory predicts from
+measured step costs (sweep_report.py), with token trees (tree_loop.py) beside the gammas on --tree. Each cell is
+timed against the baseline `gpt2.generate` on the same prompts, back to back in every repeat (reversed on odd
+repeats, so drift cancels); speedup is the median over repeats of baseline / speculative time. The step costs are
+timed in rounds between the runs (`ComponentTimer`). End-of-text is ignored: every run emits max_gen tokens.
 
     python -m benchmarks.gamma_sweep                       # gpt2 -> gpt2-large, full sweep
-    python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.7 0.9 --quick
-    python -m benchmarks.gamma_sweep --random-weights --draft-equals-target --peer transformers --quick
     python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.8 --tree 2 3,1 "nodes 8 depth 4"
+    python -m benchmarks.gamma_sweep --random-weights --draft-equals-target --peer transformers --quick
 
 Outputs (--out, default benchmarks/results/gamma_sweep-<UTC time>/): sweep.md, sweep.csv, sweep.json
 (columns: sweep_report.COLUMNS), speedup_vs_gamma.png, acceptance_per_position.png.
@@ -19,8 +15,7 @@ Outputs (--out, default benchmarks/results/gamma_sweep-<UTC time>/): sweep.md, s
 from __future__ import annotations
 
 import argparse
-import itertools
-import operator
+import math
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -42,14 +37,10 @@ from spec_decoding.stats import clock
 
 @dataclass(frozen=True)
 class SweepSettings:
-    """What to sweep and how to time it: the grid (gammas x max_gens, and
-    token `trees`, "3,2,1" or "nodes 16 depth 5", whose gamma is their
-    depth); `simulate`: acceptance rates for `SimulatedDrafter` (greedy only;
-    empty: the real draft proposes); `tree_profile`: for simulated trees, the
-    probability that the target's token is the draft's 2nd, 3rd, ...
-    candidate; `seed` seeds sampling and the simulation, the same every
-    repeat; `component_calls`: timed calls per repeat of each step cost;
-    `peer`: "transformers" to run its assisted generation beside ours."""
+    """The grid (gammas x max_gens, and token `trees`, whose gamma is their depth) and how to time it.
+    `simulate`: acceptance rates for the simulated drafters (empty: the real draft proposes); `tree_profile`: for
+    simulated trees, P(the target's token is the draft's 2nd, 3rd, ... candidate); `seed` seeds sampling and the
+    simulation, the same every repeat; `component_calls`: timed calls per repeat of each step cost."""
 
     gammas: tuple[int, ...] = (1, 2, 4, 8)
     max_gens: tuple[int, ...] = (50, 100, 200, 500)
@@ -82,13 +73,13 @@ class SweepSettings:
         if self.trees and self.peer:
             raise ValueError("--peer has no token trees (transformers' assisted generation drafts a chain): "
                              "drop --tree or --peer")
+        profile = " ".join(f"{p:g}" for p in self.tree_profile)
         if any(not 0.0 <= p <= 1.0 for p in self.tree_profile):  # NaN too: it compares False
-            raise ValueError(f"--tree-profile values are probabilities: each must lie in [0, 1], got "
-                             f"{' '.join(f'{p:g}' for p in self.tree_profile)}")
-        for a in self.simulate:
-            if self.trees and a + sum(self.tree_profile) > 1 + 1e-9:
-                raise ValueError(f"a simulated tree's profile (alpha_sim {a:g}, then --tree-profile "
-                                 f"{' '.join(f'{p:g}' for p in self.tree_profile)}) must sum to <= 1")
+            raise ValueError(f"--tree-profile values are probabilities: each must lie in [0, 1], got {profile}")
+        too_likely = [a for a in self.simulate if self.trees and a + sum(self.tree_profile) > 1 + 1e-9]
+        if too_likely:
+            raise ValueError(f"a simulated tree's profile (alpha_sim {too_likely[0]:g}, then --tree-profile "
+                             f"{profile}) must sum to <= 1")
 
     @property
     def shapes(self) -> dict[str, TreeShape]:
@@ -103,14 +94,13 @@ class SweepSettings:
 
 @dataclass
 class Cell:
-    """The measurements of one (max_gen, gamma or tree, simulated alpha) cell;
-    seconds per repeat are summed over the prompts."""
+    """The measurements of one (max_gen, gamma or tree, simulated alpha) cell; seconds are summed over prompts."""
 
     max_gen: int
     gamma: int
     alpha_sim: float | None
     tree: str | None = None  # a token tree's shape (its depth is gamma), or None: a chain
-    spec_seconds: list[float] = field(default_factory=list)
+    spec_seconds: list[float] = field(default_factory=list)  # one per repeat
     stats: list[SpecStats] = field(default_factory=list)  # repeat 0, one per prompt
     tokens: int = 0  # new tokens of one repeat
     draft_seconds: float = 0.0  # SpecStats' time split, summed over all repeats
@@ -122,12 +112,9 @@ class Cell:
 
 @dataclass
 class Group:
-    """What every cell of one max_gen is measured against: the baseline's
-    seconds per repeat (ours and, with --peer, transformers' plain generate)
-    and the step costs of the prediction, in seconds: t_draft, t_target,
-    t_verify[gamma] (= t_v(gamma + 1)) and t_verify[tree] (a pass over the
-    tree's nodes with its mask) with `context_len` positions cached;
-    t_start_*: a new KV cache and the prefill of a `prompt_len`-token prompt."""
+    """What the cells of one max_gen are measured against: the baselines' seconds per repeat and the step costs
+    in seconds, with `context_len` positions cached: t_verify[gamma] = t_v(gamma + 1), t_verify[tree] = a pass
+    over the tree's nodes; t_start_*: a new KV cache and the prefill of a `prompt_len`-token prompt."""
 
     prompt_len: int
     context_len: int
@@ -150,11 +137,10 @@ class SweepResult:
 
 
 def largest_tree(shape: TreeShape) -> TokenTree:
-    """The largest tree `shape` can grow (a dynamic one: levels of `width`
-    nodes hanging from the first node of the level above), with dummy
-    tokens: what a verification pass over it costs is what matters."""
+    """The largest tree `shape` can grow (a dynamic one: levels of `width` nodes hanging from the first node of
+    the level above), with dummy tokens: only what a verification pass over it costs matters."""
     if shape.is_static:
-        sizes = list(itertools.accumulate(shape.branching, operator.mul))  # nodes at depth 1, 2, ...
+        sizes = [math.prod(shape.branching[: d + 1]) for d in range(len(shape.branching))]  # nodes at depth 1, 2, ...
     else:
         sizes = [n for n in (min(shape.width, shape.nodes - shape.width * d) for d in range(shape.depth)) if n > 0]
     parents, first, above = [-1], 0, 1  # the level above: its first node's index and its size
@@ -166,12 +152,9 @@ def largest_tree(shape: TreeShape) -> TokenTree:
 
 
 class ComponentTimer:
-    """Times one round of the costs at one max_gen: a draft step, a target
-    step and a target pass over gamma + 1 tokens (or a tree's nodes), each on
-    a KV cache of `group.context_len` positions (rewound after the call), and
-    each model's start-up. The sweep spreads its rounds between the decoding
-    runs: on a shared machine whose speed drifts, costs timed in one block
-    before the runs describe another machine than the one the runs saw."""
+    """Times rounds of one max_gen's step costs into its `group`, each pass on a KV cache rewound to
+    `group.context_len` positions after the call. The rounds are spread between the decoding runs: on a shared
+    machine whose speed drifts, costs timed in one block describe another machine than the runs saw."""
 
     @torch.inference_mode()
     def __init__(self, pair: ModelPair, group: Group, settings: SweepSettings, seed: int) -> None:
@@ -233,12 +216,9 @@ class Runner:
 
     def run(self, kind: str, cell: Cell | None, ids: torch.Tensor, n: int, p: int,
             reference: torch.Tensor | None) -> tuple[torch.Tensor, SpecStats | None, float]:
-        """One run of `kind` (see `jobs_of`) on prompt number `p`, (1, T) `ids`:
-        (output ids, SpecStats of a speculative run or None, seconds). With
-        the cell's alpha_sim the drafter copies `reference` (the baseline's
-        greedy output) with that probability (a tree: as its first candidate,
-        its 2nd, 3rd, ... with --tree-profile's), built inside the timed
-        region as the loop builds a ModelDrafter."""
+        """One run of `kind` (see `jobs_of`) on prompt number `p`, (1, T) `ids`: (output ids, SpecStats of a
+        speculative run or None, seconds). A simulated drafter copies `reference`, the baseline's greedy output;
+        it is built inside the timed region, as the loop builds a ModelDrafter."""
         s, q, stats = self.settings, self.settings.sampling, None
         shape = s.shapes.get(cell.tree) if cell else None  # None: a chain of gamma tokens
         seed = s.seed + 1000 * p  # the same for a prompt in every run: repeats do identical work
@@ -268,9 +248,8 @@ class Runner:
 
 
 def check_fits(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings) -> None:
-    """Raises a ValueError unless the longest prompt, the longest max_gen
-    and a verification pass of the largest gamma + 1 or tree nodes + 1 fit
-    both models' context window: the runs and the step-cost timer need them."""
+    """Raises a ValueError unless the longest prompt, the longest max_gen and a verification pass of the largest
+    gamma + 1 or tree nodes + 1 fit both models' context window."""
     n_ctx = min(pair.target.config.n_ctx, pair.draft.config.n_ctx)
     longest, max_gen = max(ids.size(1) for _, ids in prompts), max(settings.max_gens)
     if longest + max_gen > n_ctx:
@@ -284,8 +263,8 @@ def check_fits(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], setting
 
 def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings, *,
               progress: bool = True) -> SweepResult:
-    """Runs the whole sweep (the protocol is in the module docstring) on
-    `prompts`, (name, (1, T) token ids on the pair's device)."""
+    """Runs the whole sweep (the protocol is in the module docstring) on `prompts`, (name, (1, T) token ids on
+    the pair's device)."""
     check_fits(pair, prompts, settings)
     runner = Runner(pair, settings)
     cells = {n: [cell for a in settings.alpha_settings
@@ -321,17 +300,15 @@ def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings
 def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Tensor]], cells: list[Cell],
               group: Group, references: dict[tuple[int, int], torch.Tensor], bar: tqdm,
               timer: ComponentTimer) -> None:
-    """Repeat `r` at max_gen `n`: for each prompt, the baseline and every one
-    of `cells` back to back (the baseline first on even repeats, where it also
-    gives the simulated drafter its reference, last on odd ones), with the
-    `timer`'s rounds spread evenly between the runs."""
-    settings = runner.settings
-    greedy = settings.sampling.greedy
-    jobs = jobs_of(settings, cells, group)
+    """Repeat `r` at max_gen `n`: for each prompt, the baseline and every one of `cells` back to back (reversed on
+    odd repeats; repeat 0 runs the baseline first, whose output the simulated drafters copy), with the `timer`'s
+    rounds spread evenly between the runs."""
+    greedy = runner.settings.sampling.greedy
+    jobs = jobs_of(runner.settings, cells, group)
     seconds = [0.0] * len(jobs)  # this repeat's, summed over the prompts
     rounds_before = [0] * (len(prompts) * len(jobs))  # timer rounds to run before each run
-    for j in range(settings.component_calls):
-        rounds_before[j * len(rounds_before) // settings.component_calls] += 1
+    for j in range(runner.settings.component_calls):
+        rounds_before[j * len(rounds_before) // runner.settings.component_calls] += 1
     due = iter(rounds_before)
     for p, (name, ids) in enumerate(prompts):
         order = list(enumerate(jobs))
@@ -371,55 +348,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gamma_sweep", description=(
         "Speculative decoding speedup over gamma x max_gen, measured and predicted."))
     models = ap.add_argument_group("models")
-    models.add_argument("--target", default="gpt2-large",
-                        help="Hub id or folder; a preset name with --random-weights (default gpt2-large)")
-    models.add_argument("--draft", default="gpt2",
-                        help="Hub id or folder; a preset name with --random-weights (default gpt2)")
+    for role, default in (("target", "gpt2-large"), ("draft", "gpt2")):
+        models.add_argument(f"--{role}", default=default,
+                            help=f"Hub id or folder; a preset name with --random-weights (default {default})")
     models.add_argument("--random-weights", action="store_true",
                         help="the presets' real shapes with random weights: no download (acceptance meaningless)")
-    models.add_argument("--tiny", action="store_true",
-                        help="a 2-layer target and a 1-layer draft with random weights (tests, smoke runs)")
+    models.add_argument("--tiny", action="store_true", help="a 2-layer target and a 1-layer draft, random weights")
     models.add_argument("--draft-equals-target", action="store_true",
                         help="the target drafts for itself (alpha = 1 when greedy)")
     models.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     models.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     models.add_argument("--quantize", default="none", choices=["none", "int8"],
-                        help="int8: both models' weight matrices quantised (gpt2/fast/quantize.py; CPU, float32); "
-                        "the baseline is then the int8 target (default none)")
-    models.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads, at most the logical CPUs (default: torch's choice)")
+                        help="int8: both models' weights quantised (CPU, float32), the baseline too (default none)")
+    models.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
     grid = ap.add_argument_group("sweep")
     grid.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 4, 8], help="draft lengths (default 1 2 4 8)")
-    grid.add_argument("--max-gen", type=int, nargs="+", default=None,
-                      help="new tokens per run (default 50 100 200 500)")
-    grid.add_argument("--prompts", type=int, default=None,
-                      help=f"use the first N of the {len(PROMPTS)} prompts of benchmarks/prompts.py (default all)")
-    grid.add_argument("--simulate-acceptance", type=float, nargs="+", default=None, metavar="ALPHA",
+    grid.add_argument("--max-gen", type=int, nargs="+", help="new tokens per run (default 50 100 200 500)")
+    grid.add_argument("--prompts", type=int, help=f"the first N of the {len(PROMPTS)} benchmark prompts (default all)")
+    grid.add_argument("--simulate-acceptance", type=float, nargs="+", metavar="ALPHA",
                       help="replace the draft's proposals to get acceptance ALPHA; real costs (greedy only)")
-    grid.add_argument("--peer", choices=["transformers"], default=None,
-                      help="also run transformers' assisted generation and plain generate")
+    grid.add_argument("--peer", choices=["transformers"], help="also run transformers' assisted and plain generate")
     grid.add_argument("--tree", nargs="+", default=[], metavar="SHAPE",
-                      help='token trees swept beside the gammas: children per depth ("3,2,1") or a dynamic tree '
-                      '("nodes 16 depth 5")')
+                      help='token trees beside the gammas: children per depth ("3,2,1") or "nodes 16 depth 5"')
     grid.add_argument("--tree-profile", type=float, nargs="+", default=[0.15, 0.07], metavar="A",
-                      help="simulated trees: the probability that the target's token is the draft's 2nd, 3rd, ... "
-                      "candidate (the 1st: --simulate-acceptance; default 0.15 0.07)")
+                      help="simulated trees: P(the target's token is the draft's 2nd, 3rd, ... candidate)")
 
     sampling = ap.add_argument_group("decoding (greedy by default)")
     sampling.add_argument("--temperature", type=float, default=0.0)
-    sampling.add_argument("--top-k", type=int, default=None)
-    sampling.add_argument("--top-p", type=float, default=None)
+    sampling.add_argument("--top-k", type=int)
+    sampling.add_argument("--top-p", type=float)
     sampling.add_argument("--seed", type=int, default=0, help="seeds sampling, random weights, the simulation")
 
     timing = ap.add_argument_group("timing")
-    timing.add_argument("--repeats", type=int, default=None, help="timed repeats (default 3)")
+    timing.add_argument("--repeats", type=int, help="timed repeats (default 3)")
     timing.add_argument("--warmup", type=int, default=1, help="warm-up rounds (default 1)")
-    timing.add_argument("--component-calls", type=int, default=None,
-                        help="timed calls per repeat for each step cost, spread between the runs (default 10)")
-    timing.add_argument("--quick", action="store_true", help="a short run: the first 2 prompts, max_gen 50 100, "
-                        "2 repeats, 5 component calls (options given explicitly win)")
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/gamma_sweep-<UTC time>)")
+    timing.add_argument("--component-calls", type=int, help="timed calls per repeat of each step cost (default 10)")
+    timing.add_argument("--quick", action="store_true",
+                        help="2 prompts, max_gen 50 100, 2 repeats, 5 component calls (explicit options win)")
+    ap.add_argument("--out", help="results folder (default benchmarks/results/gamma_sweep-<UTC time>)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
 
@@ -451,9 +418,8 @@ def main(argv: list[str] | None = None) -> int:
 
     result = run_sweep(pair, prompts, settings, progress=not args.no_progress)
 
-    quantize = None if args.quantize == "none" else args.quantize
     env = environment(pair.device, pair.dtype, {"target": pair.target_name, "draft": pair.draft_name},
-                      fast.status(pair.target), quantize)
+                      fast.status(pair.target), None if args.quantize == "none" else args.quantize)
     env.update(weights=weights, draft_is_target=pair.draft_is_target)
     if settings.peer == "transformers":
         import transformers

@@ -1,15 +1,10 @@
-"""Parity check: is speculative greedy output identical to plain greedy output,
-and when it is not, why?
+"""Parity check: is speculative greedy output identical to plain greedy output, and when it is not, why?
 
-Greedy speculative decoding keeps a draft only if it is the target's argmax
-(Leviathan et al. 2023, 2.3), so in exact arithmetic it reproduces greedy
-decoding. Plain decoding scores a token in a (1, 1) pass, verification in a
-(1, K + 1) pass: the fast CPU path gives both the same bits; the readable
-path (--readable) and half precision may differ in the last bits, and at a
-near-tie the argmax can flip. For every benchmark prompt and dtype, both
-ways decode, and the first differing token gets its evidence and a verdict
-(`explain_divergence`). Exit code 1 if a float32 divergence is a BUG or a run
-broke the end-of-text rule, 2 for a usage error, else 0.
+Greedy speculative decoding keeps a draft only if it is the target's argmax (Leviathan et al. 2023, 2.3), so in
+exact arithmetic it reproduces greedy decoding; in floating point a near-tie can flip the argmax (docs/parity.md).
+For every benchmark prompt and dtype both ways decode, and the first differing token gets its evidence and a
+verdict (`explain_divergence`). Exit code 1 if a float32 divergence is a BUG or a run broke the end-of-text rule,
+2 for a usage error, else 0.
 
     python -m benchmarks.parity_check --random-weights --dtypes float32,bfloat16
     python -m benchmarks.parity_check --draft gpt2 --target gpt2-large --gamma 4 --max-gen 32
@@ -32,18 +27,15 @@ from gpt2.generate import check_integer, first_difference
 from spec_decoding import ModelDrafter, speculative_generate
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-DEFAULT_TIE_TOLERANCE = 1e-3  # relative to the logit scale; see the module docstring
+DEFAULT_TIE_TOLERANCE = 1e-3  # relative to the logit scale
 TIE_EPS_MULTIPLE = 8  # the tolerance is never below 8 eps(dtype) * scale
 
 
 @contextlib.contextmanager
 def target_logits(model: GPT2, *, first_position: int, ignore_cache: KVCache | None = None):
-    """While open, keeps for each sequence position >= first_position the
-    target's logits row that scored the token there: `rows[position]`, (V,)
-    float32 on the CPU, in the dict it yields. A later scoring overwrites an
-    earlier one (verification re-scores positions after a rejection; the last
-    one counts). Calls on `ignore_cache` (the drafter's, when the draft is the
-    target itself) are not the target's."""
+    """While open, yields {position: the target's logits row (V,) that scored the token there, float32 on the CPU}
+    for positions >= first_position; a later scoring (verification after a rejection) overwrites an earlier one.
+    Calls on `ignore_cache` (the drafter's, when the draft is the target itself) are not the target's."""
     rows: dict[int, torch.Tensor] = {}
 
     def record(module: GPT2, args: tuple, kwargs: dict, logits: torch.Tensor) -> None:
@@ -52,11 +44,10 @@ def target_logits(model: GPT2, *, first_position: int, ignore_cache: KVCache | N
         if cache is not None and cache is ignore_cache:
             return
         assert input_ids.size(0) == 1, "the parity check decodes one sequence at a time"
-        end = cache.length if cache is not None else input_ids.size(1)  # (1, T_out, V) scored end - T_out + 1 .. end
-        for t in range(logits.size(1)):
-            position = end - logits.size(1) + 1 + t
-            if position >= first_position:
-                rows[position] = logits[0, t].detach().to("cpu", torch.float32, copy=True)  # (V,)
+        end = cache.length if cache is not None else input_ids.size(1)
+        start = end - logits.size(1) + 1  # (1, T_out, V): row t scored position start + t
+        for t in range(max(first_position - start, 0), logits.size(1)):
+            rows[start + t] = logits[0, t].detach().to("cpu", torch.float32, copy=True)  # (V,)
 
     handle = model.register_forward_hook(record, with_kwargs=True)
     try:
@@ -66,7 +57,7 @@ def target_logits(model: GPT2, *, first_position: int, ignore_cache: KVCache | N
 
 
 def tokens_after_eos(tokens: list[int], eos_id: int) -> int:
-    """How many tokens follow the first `eos_id` (0 if none, or no `eos_id`): the rule wants 0."""
+    """How many tokens follow the first `eos_id` (0 if none): the rule wants 0."""
     return len(tokens) - tokens.index(eos_id) - 1 if eos_id in tokens else 0
 
 
@@ -77,8 +68,7 @@ def count_differing(a: list[int], b: list[int]) -> int:
 
 @dataclass(frozen=True)
 class ParitySettings:
-    """gamma: tokens drafted per step (K); max_new_tokens per prompt; the
-    end-of-text id both paths stop after; the relative tie tolerance."""
+    """gamma (K) and max_new_tokens per prompt, the end-of-text id both paths stop after, the relative tie tolerance."""
 
     gamma: int = 4
     max_new_tokens: int = 32
@@ -98,10 +88,9 @@ class ParitySettings:
 
 @dataclass(frozen=True)
 class Evidence:
-    """What one run shows at a position: the token it chose (None: it had
-    ended) and its text (None without a tokenizer); from the logits row it
-    chose with (None: no row), the top-1 minus top-2 gap, the argmax, and the
-    deficit: the top-1 logit minus the chosen token's (0: it took its argmax)."""
+    """What one run shows at a position: its token (None: it had ended) and text (None without a tokenizer); from
+    the logits row it chose with (None: no row) the top-1 minus top-2 gap, the argmax, and the deficit, the top-1
+    logit minus the chosen token's (0: it took its argmax)."""
 
     token: int | None
     text: str | None
@@ -122,9 +111,8 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Divergence:
-    """The first differing new token of one prompt (`position`: 0 = the first
-    new token), each run's evidence there, max |difference| of the two rows,
-    max |logit| of the two (`scale`), the absolute tie tolerance there, and the
+    """The first differing new token of a prompt (`position` 0: the first new token), each run's evidence there,
+    max |difference| of their two logits rows, max |logit| of both (`scale`), the absolute tie tolerance, and the
     verdict ("near-tie" or "BUG") with one sentence saying why."""
 
     position: int
@@ -139,11 +127,9 @@ class Divergence:
 
 @dataclass
 class PromptResult:
-    """Both runs of one prompt in one dtype: their new tokens, the first
-    difference (None: identical), the largest logit difference (absolute and
-    relative to the logit scale) over the positions whose prefix both runs
-    share, and the speculative run's α and tokens per target call; then what
-    follows from them, tokens after end-of-text in each run (the rule wants 0)."""
+    """Both runs of one prompt in one dtype: their new tokens, the first difference (None: identical), the largest
+    logit difference (absolute, and relative to the logit scale) on the prefixes both runs share, the speculative
+    run's α and tokens per target call; then tokens after end-of-text in each run (the rule wants 0)."""
 
     name: str
     prompt_tokens: int
@@ -185,8 +171,6 @@ class DtypeReport:
         return sum(d.verdict == "BUG" for _, d in self.divergences)
 
     def summary(self) -> dict:
-        deltas = [p.max_logit_delta for p in self.prompts]
-        relative = [p.max_logit_delta_relative for p in self.prompts]
         return {
             "dtype": self.dtype, "skipped": self.skipped, "prompts": len(self.prompts),
             "identical": sum(p.identical for p in self.prompts),
@@ -194,12 +178,10 @@ class DtypeReport:
             "compared_tokens": sum(max(len(p.baseline), len(p.speculative)) for p in self.prompts),
             "divergences": len(self.divergences), "near_ties": len(self.divergences) - self.bugs, "bugs": self.bugs,
             "eos_violations": sum(not p.eos_ok for p in self.prompts),
-            "max_logit_delta": max(deltas, default=None), "max_logit_delta_relative": max(relative, default=None),
+            "max_logit_delta": max((p.max_logit_delta for p in self.prompts), default=None),
+            "max_logit_delta_relative": max((p.max_logit_delta_relative for p in self.prompts), default=None),
             "relative_tolerance": self.relative_tolerance,
         }
-
-    def to_dict(self) -> dict:
-        return {"summary": self.summary(), "prompts": [asdict(p) for p in self.prompts]}
 
 
 def row_difference(row_b: torch.Tensor, row_s: torch.Tensor) -> tuple[float, float]:
@@ -209,36 +191,32 @@ def row_difference(row_b: torch.Tensor, row_s: torch.Tensor) -> tuple[float, flo
 
 def explain_divergence(position: int, baseline: Evidence, speculative: Evidence, row_b: torch.Tensor | None,
                        row_s: torch.Tensor | None, relative_tolerance: float) -> Divergence:
-    """The verdict at the first differing new token, from both runs' evidence
-    and their logits rows (V,) there (captured during the runs, not
-    recomputed). "near-tie": each run took its own argmax and both top-1 minus
-    top-2 gaps are below the tie tolerance, max(--tie-tolerance, 8 eps(dtype))
-    x max|logit| (rounding errors scale with the values: float32 noise is
-    ~1e-6 x scale, half precision's a few eps x scale). "BUG": anything else."""
+    """The verdict at the first differing new token, from both runs' evidence and logits rows (V,) there. "near-tie":
+    each run took its own argmax and both gaps are below the tie tolerance, max(--tie-tolerance, 8 eps(dtype)) x
+    max|logit| (rounding errors scale with the values); "BUG": anything else."""
     delta = scale = tolerance = None
     if row_b is not None and row_s is not None:
         delta, scale = row_difference(row_b, row_s)
         tolerance = relative_tolerance * scale
+    verdict = "BUG"
     if baseline.token is None or speculative.token is None:
-        verdict, reason = "BUG", "one path stopped early without end-of-text while the other went on"
+        reason = "one path stopped early without end-of-text while the other went on"
     elif tolerance is None:
-        verdict, reason = "BUG", "no target logits were recorded for this position in one run"
+        reason = "no target logits were recorded for this position in one run"
     elif baseline.deficit > 0 or speculative.deficit > 0:  # a path did not take its own argmax (a tie is no deficit)
         which, e = ("baseline", baseline) if baseline.deficit > 0 else ("speculative", speculative)
-        verdict = "BUG"
         reason = f"the {which} path chose a token {e.deficit:.3g} below the top-1 of its own target logits"
     elif baseline.gap <= tolerance and speculative.gap <= tolerance:
         verdict, reason = "near-tie", "both gaps are below the tie tolerance: rounding flipped the argmax"
     else:
-        verdict, reason = "BUG", "a clear top-1 (gap above the tie tolerance) differs between the two paths"
+        reason = "a clear top-1 (gap above the tie tolerance) differs between the two paths"
     return Divergence(position, baseline, speculative, delta, scale, tolerance, verdict, reason)
 
 
 def compare_prompt(target: GPT2, draft: GPT2, name: str, prompt_ids: torch.Tensor, settings: ParitySettings,
                    tokenizer=None) -> PromptResult:
-    """Decodes `prompt_ids` (1, T) greedily with `generate` and with
-    `speculative_generate` (the draft may be the target itself), recording the
-    target's logits, and compares the two runs."""
+    """Decodes `prompt_ids` (1, T) greedily with `generate` and with `speculative_generate` (the draft may be the
+    target itself), recording the target's logits, and compares the two runs."""
     T = prompt_ids.size(1)
     with target_logits(target, first_position=T) as base_rows:
         baseline_ids = generate(target, prompt_ids, settings.max_new_tokens, eos_id=settings.eos_id)  # (1, T + n)
@@ -268,36 +246,32 @@ def compare_prompt(target: GPT2, draft: GPT2, name: str, prompt_ids: torch.Tenso
 def check_parity(target: GPT2, draft: GPT2, prompts: list[tuple[str, torch.Tensor]], settings: ParitySettings,
                  tokenizer=None, *, progress: bool = False) -> DtypeReport:
     """Runs `compare_prompt` on every (name, (1, T) ids) prompt, in the models' dtype."""
-    dtype_name = str(target.dtype).removeprefix("torch.")
-    report = DtypeReport(dtype_name, settings.relative_tolerance(target.dtype))
+    report = DtypeReport(str(target.dtype).removeprefix("torch."), settings.relative_tolerance(target.dtype))
     for i, (name, ids) in enumerate(prompts):
-        result = compare_prompt(target, draft, name, ids, settings, tokenizer)
-        report.prompts.append(result)
+        report.prompts.append(result := compare_prompt(target, draft, name, ids, settings, tokenizer))
         if progress:
             d = result.divergence
             status = "identical" if d is None else f"differs at {d.position} ({d.verdict})"
-            print(f"  [{dtype_name}] {i + 1}/{len(prompts)} {name}: {status}", file=sys.stderr, flush=True)
+            print(f"  [{report.dtype}] {i + 1}/{len(prompts)} {name}: {status}", file=sys.stderr, flush=True)
     return report
 
 
 def dtype_unsupported_reason(dtype: torch.dtype, device: torch.device) -> str | None:
-    """Why `device` cannot run GPT-2 in `dtype` (None if it can): a tiny
-    model's prefill and one cached step must give finite logits."""
+    """Why `device` cannot run GPT-2 in `dtype` (None if it can): a tiny model's prefill and one cached step must
+    give finite logits."""
     try:
         resolve_dtype(dtype, device)
         model = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=8, n_ctx=8, vocab_size=16)).to(device, dtype).eval()
         with torch.inference_mode():
             cache, ids = model.new_cache(1), torch.tensor([[1, 2, 3]], device=device)
             logits = torch.cat([model(ids, cache), model(ids[:, :1], cache)], dim=1)  # (1, 4, V)
-        if not bool(torch.isfinite(logits).all()):
-            return f"{dtype} gives non-finite logits on {device}"
     except (RuntimeError, NotImplementedError, ValueError) as e:
         return str(e).splitlines()[0][:160]
-    return None
+    return None if bool(torch.isfinite(logits).all()) else f"{dtype} gives non-finite logits on {device}"
 
 
-def fmt(value: float | None, spec: str = ".3g") -> str:
-    return "–" if value is None else format(value, spec)
+def fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3g}"
 
 
 def shown_token(e: Evidence) -> str:
@@ -331,15 +305,15 @@ def markdown_report(env: dict, s: dict, reports: list[DtypeReport]) -> str:
     lines.append(markdown_table(["dtype", "prompts", "identical", "differing tokens", "near-ties", "BUG",
                                  "EOS violations", "max abs(Δlogit)", "tie tolerance (x scale)"], rows))
     for r in reports:
-        if r.skipped or not r.divergences:
-            continue
-        lines += ["", f"## Divergences, {r.dtype}", "", markdown_table(
-            ["prompt", "position", "baseline token", "speculative token", "gap (baseline)", "gap (speculative)",
-             "abs(Δlogit)", "tolerance", "verdict"],
-            [[name, str(d.position), shown_token(d.baseline), shown_token(d.speculative), fmt(d.baseline.gap),
-              fmt(d.speculative.gap), fmt(d.logit_delta), fmt(d.tolerance), d.verdict] for name, d in r.divergences])]
-        lines += [f"\n- **BUG** in `{name}` at position {d.position}: {d.reason}."
-                  for name, d in r.divergences if d.verdict == "BUG"]
+        if r.divergences:
+            lines += ["", f"## Divergences, {r.dtype}", "", markdown_table(
+                ["prompt", "position", "baseline token", "speculative token", "gap (baseline)", "gap (speculative)",
+                 "abs(Δlogit)", "tolerance", "verdict"],
+                [[name, str(d.position), shown_token(d.baseline), shown_token(d.speculative), fmt(d.baseline.gap),
+                  fmt(d.speculative.gap), fmt(d.logit_delta), fmt(d.tolerance), d.verdict]
+                 for name, d in r.divergences])]
+            lines += [f"\n- **BUG** in `{name}` at position {d.position}: {d.reason}."
+                      for name, d in r.divergences if d.verdict == "BUG"]
     lines += ["", "## End-of-text rule", ""]
     violations = [(r.dtype, p) for r in reports for p in r.prompts if not p.eos_ok]
     if not violations:
@@ -359,9 +333,8 @@ def parse_dtypes(text: str) -> list[torch.dtype]:
 
 
 def encode_suite(prompts, pair, device: torch.device):
-    """The prompts as (name, (1, T) ids), the tokenizer (or None) and its
-    description. Without any GPT-2 tokenizer and with random weights, each
-    prompt becomes its UTF-8 bytes as token ids (the report then shows ids)."""
+    """The prompts as (name, (1, T) ids), the tokenizer (or None) and its description. With random weights and no
+    GPT-2 tokenizer at all, each prompt becomes its UTF-8 bytes as token ids (the report then shows ids)."""
     try:
         tokenizer = load_prompt_tokenizer(pair.tokenizer_folder)
         return encode_prompts(tokenizer, prompts, device), tokenizer, "GPT-2 BPE"
@@ -374,32 +347,25 @@ def encode_suite(prompts, pair, device: torch.device):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.parity_check", description=(
-        "Is speculative greedy output identical to plain greedy output? Where not, why."))
-    p.add_argument("--target", default="gpt2-large",
-                   help="target: Hub id or local folder; a preset name with --random-weights (default gpt2-large)")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.parity_check", description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="gpt2-large", help="Hub id or folder, a preset name with --random-weights "
+                   "(default gpt2-large)")
     p.add_argument("--draft", default="gpt2", help="draft model (default gpt2)")
-    p.add_argument("--draft-equals-target", action="store_true",
-                   help="draft with the target itself (every draft accepted, bonus tokens exercised)")
+    p.add_argument("--draft-equals-target", action="store_true", help="the target drafts for itself (bonus tokens)")
     weights = p.add_mutually_exclusive_group()
-    weights.add_argument("--random-weights", action="store_true",
-                         help="the presets' real shapes with random weights: no download")
-    weights.add_argument("--tiny", action="store_true",
-                         help="tiny random models (2-layer target, 1-layer draft): a smoke run")
-    p.add_argument("--readable", action="store_true",
-                   help="the readable path (F.linear + SDPA) instead of the CPU fast path")
+    weights.add_argument("--random-weights", action="store_true", help="the presets' shapes, random weights")
+    weights.add_argument("--tiny", action="store_true", help="tiny random models (2-layer target, 1-layer draft)")
+    p.add_argument("--readable", action="store_true", help="the readable path instead of the CPU fast path")
     p.add_argument("--gamma", type=int, default=4, help="tokens drafted per step (default 4)")
     p.add_argument("--max-gen", type=int, default=32, help="new tokens per prompt (default 32)")
-    p.add_argument("--prompts", type=int, default=None,
-                   help="use only the first N benchmark prompts (the early-EOS ones always run)")
+    p.add_argument("--prompts", type=int, help="only the first N benchmark prompts (the early-EOS ones always run)")
     p.add_argument("--dtypes", default=",".join(DTYPE_NAMES), help="comma-separated, default float32,bfloat16,"
-                   "float16; unsupported ones are skipped (on a CPU half precision is slow)")
-    p.add_argument("--tie-tolerance", type=float, default=DEFAULT_TIE_TOLERANCE,
-                   help=f"near-tie threshold relative to max|logit| (default {DEFAULT_TIE_TOLERANCE:g}; "
-                   f"never below {TIE_EPS_MULTIPLE} eps of the dtype)")
+                   "float16; unsupported ones are skipped")
+    p.add_argument("--tie-tolerance", type=float, default=DEFAULT_TIE_TOLERANCE, help="near-tie threshold x "
+                   f"max|logit| (default {DEFAULT_TIE_TOLERANCE:g}, at least {TIE_EPS_MULTIPLE} eps(dtype))")
     p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    p.add_argument("--out", default=None, help="results folder (default benchmarks/results/parity-<time>)")
+    p.add_argument("--out", help="results folder (default benchmarks/results/parity-<time>)")
     return p.parse_args(argv)
 
 
@@ -408,29 +374,27 @@ def main(argv: list[str] | None = None) -> int:
     settings = ParitySettings(gamma=args.gamma, max_new_tokens=args.max_gen, tie_tolerance=args.tie_tolerance)
     if args.prompts is not None and not 1 <= args.prompts <= len(PROMPTS):
         raise ValueError(f"--prompts must be between 1 and {len(PROMPTS)}, got {args.prompts}")
-    device = resolve_device(args.device)
-    dtypes = parse_dtypes(args.dtypes)
+    device, dtypes = resolve_device(args.device), parse_dtypes(args.dtypes)
     weights = "tiny" if args.tiny else "random" if args.random_weights else "checkpoint"
     suite = list(PROMPTS[: args.prompts]) + list(EARLY_EOS_PROMPTS)
     folder = results_dir(args.out, "parity")
 
     reports, models, path, encoded, tokenizer, tokenizer_note = [], None, None, None, None, None
     for dtype in dtypes:
-        dtype_name = str(dtype).removeprefix("torch.")
+        name = str(dtype).removeprefix("torch.")
         reason = dtype_unsupported_reason(dtype, device)
         if reason is not None:
-            print(f"[{dtype_name}] skipped: {reason}", file=sys.stderr)
-            reports.append(DtypeReport(dtype_name, settings.relative_tolerance(dtype), skipped=reason))
+            print(f"[{name}] skipped: {reason}", file=sys.stderr)
+            reports.append(DtypeReport(name, settings.relative_tolerance(dtype), skipped=reason))
             continue
-        print(f"[{dtype_name}] building the models ...", file=sys.stderr, flush=True)
+        print(f"[{name}] building the models ...", file=sys.stderr, flush=True)
         pair = build_pair(args.target, args.draft, weights=weights, draft_equals_target=args.draft_equals_target,
                           device=device, dtype=dtype, seed=args.seed, accelerate=not args.readable)
-        if encoded is None:
+        if encoded is None:  # the first dtype that runs: its path is the one reported (float32's by default)
             encoded, tokenizer, tokenizer_note = encode_suite(suite, pair, device)
-            models = {"target": pair.target_name, "draft": pair.draft_name}
-        path = path or fast.status(pair.target)  # the float32 path if float32 is checked first
+            models, path = {"target": pair.target_name, "draft": pair.draft_name}, fast.status(pair.target)
         reports.append(check_parity(pair.target, pair.draft, encoded, settings, tokenizer, progress=True))
-        del pair
+        del pair  # frees this dtype's models before the next are built
 
     env = environment(device, dtypes[0], models or {"target": args.target, "draft": args.draft},
                       path or "no dtype ran")
@@ -441,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
                      "logits": "captured during each run by a forward hook on the target"}
     # 1 if a float32 divergence is a BUG or any run broke the end-of-text rule
     code = int(any((r.dtype == "float32" and r.bugs) or not all(p.eos_ok for p in r.prompts) for r in reports))
-    write_json(folder / "parity.json", {"environment": env, "settings": settings_dict,
-                                        "dtypes": [r.to_dict() for r in reports], "passed": code == 0})
+    dtype_results = [{"summary": r.summary(), "prompts": [asdict(p) for p in r.prompts]} for r in reports]
+    write_json(folder / "parity.json", {"environment": env, "settings": settings_dict, "dtypes": dtype_results,
+                                        "passed": code == 0})
     report = markdown_report(env, settings_dict, reports)
     (folder / "parity.md").write_text(report, encoding="utf-8")
     print(report)

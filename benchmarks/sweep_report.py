@@ -1,16 +1,11 @@
-"""Turns a gamma sweep (gamma_sweep.run_sweep) into its result files: the
-Markdown table, CSV, JSON with the environment header, and two plots. Every
-output says whether acceptance was simulated and whether weights were random.
+"""The result files of a gamma sweep (gamma_sweep.run_sweep): sweep.md, sweep.csv, sweep.json with the
+environment header, and two plots. Every output says whether acceptance was simulated and weights were random.
 
-The theory is spec_decoding/stats.py's (Leviathan et al. 2023, section 3):
-α is `SpecStats.alpha` (accepted / judged drafted tokens) of the cell's runs
-pooled, E = `expected_tokens_per_step(α, γ)` (eq. 1), and the prediction is
-`predicted_speedup` = E t_t / (γ t_d + t_v(γ+1)), Theorem 3.8's improvement
-factor with the verification pass at its measured cost. efficiency =
-measured / predicted says what the loop loses to what the formula leaves out
-(Python, sampling, cache bookkeeping, and each run's start-up: new KV caches
-and the prompt's prefill, paid by both sides); `predicted_with_start` adds
-the measured start-up, so that `efficiency_with_start` isolates the loop.
+The theory is spec_decoding/stats.py's (Leviathan et al. 2023, section 3): α is `SpecStats.alpha` of the cell's
+runs pooled, E = `expected_tokens_per_step(α, γ)` (eq. 1), and `predicted_speedup` = E t_t / (γ t_d + t_v(γ+1))
+is Theorem 3.8's improvement factor with the verification pass at its measured cost. efficiency = measured /
+predicted is what the loop loses to what the formula leaves out; `predicted_with_start` adds each run's start-up
+(new KV caches, prompt prefill, paid by both sides), so that `efficiency_with_start` isolates the loop.
 """
 
 from __future__ import annotations
@@ -30,17 +25,15 @@ if TYPE_CHECKING:
 
 def predicted_speedup_with_start(alpha: float, gamma: int, n: int, t_draft: float, t_target: float,
                                  t_verify: float, t_start_target: float, t_start_draft: float) -> float:
-    """The prediction for whole runs of n tokens, start-up included:
-    (S_t + n t_t) / (S_t + S_d + (n / E)(γ t_d + t_v(γ+1))), with S_t, S_d the
-    target's and draft's start-up (new KV cache + prompt prefill), paid once a
-    run by both sides: it pulls the speedup of short runs towards 1."""
+    """(S_t + n t_t) / (S_t + S_d + (n / E)(γ t_d + t_v(γ+1))): the prediction for whole runs of n tokens, with
+    S_t, S_d the target's and draft's start-up (new KV cache + prompt prefill), paid once a run by both sides."""
     E = expected_tokens_per_step(alpha, gamma)
     return (t_start_target + n * t_target) / (t_start_target + t_start_draft + (n / E) * (gamma * t_draft + t_verify))
 
 
 def pooled(stats: list[SpecStats]) -> SpecStats:
-    """Runs as one SpecStats, every counter summed (per-position ones by
-    position): its α, accepted_per_drafted and position rates are the pooled ones."""
+    """Runs as one SpecStats, every counter summed (per-position ones by position): its α,
+    accepted_per_drafted and position rates are the pooled ones."""
     total = SpecStats(max((s.gamma for s in stats), default=1))
     for s in stats:
         for f in fields(SpecStats):
@@ -109,35 +102,31 @@ PEER_COLUMNS: dict[str, str] = {
 
 
 def cell_row(result: SweepResult, cell: Cell) -> dict:
-    """One cell's row: every column of COLUMNS (and PEER_COLUMNS with a peer)."""
-    group = result.groups[cell.max_gen]
+    """One cell's row: every column of COLUMNS (and of PEER_COLUMNS with a peer)."""
+    group, n, gamma = result.groups[cell.max_gen], cell.max_gen, cell.gamma
     speedups = [b / s for b, s in zip(group.base_seconds, cell.spec_seconds)]
-    spec_s, base_s = median(cell.spec_seconds), median(group.base_seconds)
-    t_v = median(group.t_verify[cell.gamma if cell.tree is None else cell.tree])
-    t_d, t_t = median(group.t_draft), median(group.t_target)
-    s_t, s_d = median(group.t_start_target), median(group.t_start_draft)
+    speedup, spec_s, base_s = median(speedups), median(cell.spec_seconds), median(group.base_seconds)
+    t_d, t_t, s_t, s_d = map(median, (group.t_draft, group.t_target, group.t_start_target, group.t_start_draft))
+    t_v = median(group.t_verify[gamma if cell.tree is None else cell.tree])
     stats = pooled(cell.stats)
     if cell.tree is None:
-        E = expected_tokens_per_step(stats.alpha, cell.gamma)
-        predicted = predicted_speedup(stats.alpha, cell.gamma, t_d, t_t, t_v)
-        predicted_start = predicted_speedup_with_start(stats.alpha, cell.gamma, cell.max_gen, t_d, t_t, t_v, s_t, s_d)
+        E = expected_tokens_per_step(stats.alpha, gamma)
+        predicted = predicted_speedup(stats.alpha, gamma, t_d, t_t, t_v)
+        with_start = predicted_speedup_with_start(stats.alpha, gamma, n, t_d, t_t, t_v, s_t, s_d)
     else:  # a tree has no closed form in α: its measured tokens per call stand in for E; one draft pass per depth
         E = stats.tokens_per_target_call
-        predicted = E * t_t / (cell.gamma * t_d + t_v)
-        predicted_start = (s_t + cell.max_gen * t_t) / (s_t + s_d + (cell.max_gen / E) * (cell.gamma * t_d + t_v))
+        predicted = E * t_t / (gamma * t_d + t_v)
+        with_start = (s_t + n * t_t) / (s_t + s_d + (n / E) * (gamma * t_d + t_v))
     row = {
-        "max_gen": cell.max_gen, "gamma": cell.gamma, "tree": cell.tree, "alpha_sim": cell.alpha_sim,
+        "max_gen": n, "gamma": gamma, "tree": cell.tree, "alpha_sim": cell.alpha_sim,
         "drafter": "model" if cell.alpha_sim is None else "simulated",
-        "speedup": median(speedups), "speedup_min": min(speedups), "speedup_max": max(speedups),
-        "spec_tok_s": cell.tokens / spec_s, "base_tok_s": group.base_tokens / base_s,
-        "alpha": stats.alpha, "accepted_per_drafted": stats.accepted_per_drafted,
-        "tokens_per_call": stats.tokens_per_target_call,
-        "t_draft_ms": 1e3 * t_d, "t_target_ms": 1e3 * t_t, "t_verify_ms": 1e3 * t_v,
-        "c": t_d / t_t, "verify_ratio": t_v / t_t,
-        "expected_tokens": E,
-        "predicted_speedup": predicted, "efficiency": median(speedups) / predicted,
-        "start_target_ms": 1e3 * s_t, "start_draft_ms": 1e3 * s_d,
-        "predicted_with_start": predicted_start, "efficiency_with_start": median(speedups) / predicted_start,
+        "speedup": speedup, "speedup_min": min(speedups), "speedup_max": max(speedups),
+        "spec_tok_s": cell.tokens / spec_s, "base_tok_s": group.base_tokens / base_s, "alpha": stats.alpha,
+        "accepted_per_drafted": stats.accepted_per_drafted, "tokens_per_call": stats.tokens_per_target_call,
+        "t_draft_ms": 1e3 * t_d, "t_target_ms": 1e3 * t_t, "t_verify_ms": 1e3 * t_v, "c": t_d / t_t,
+        "verify_ratio": t_v / t_t, "expected_tokens": E, "predicted_speedup": predicted,
+        "efficiency": speedup / predicted, "start_target_ms": 1e3 * s_t, "start_draft_ms": 1e3 * s_d,
+        "predicted_with_start": with_start, "efficiency_with_start": speedup / with_start,
         "draft_share": cell.draft_seconds / sum(cell.spec_seconds),
         "verify_share": cell.verify_seconds / sum(cell.spec_seconds),
         "tokens": cell.tokens, "spec_seconds": spec_s, "base_seconds": base_s, "context_len": group.context_len,
@@ -147,9 +136,8 @@ def cell_row(result: SweepResult, cell: Cell) -> dict:
     if result.settings.peer:
         hf_speedups = [b / s for b, s in zip(group.hf_base_seconds, cell.hf_spec_seconds)]
         hf_spec_tok_s = cell.tokens / median(cell.hf_spec_seconds)
-        row.update(hf_speedup=median(hf_speedups), hf_speedup_min=min(hf_speedups),
-                   hf_speedup_max=max(hf_speedups), hf_spec_tok_s=hf_spec_tok_s,
-                   hf_base_tok_s=group.base_tokens / median(group.hf_base_seconds),
+        row.update(hf_speedup=median(hf_speedups), hf_speedup_min=min(hf_speedups), hf_speedup_max=max(hf_speedups),
+                   hf_spec_tok_s=hf_spec_tok_s, hf_base_tok_s=group.base_tokens / median(group.hf_base_seconds),
                    ours_over_hf=row["spec_tok_s"] / hf_spec_tok_s, hf_identical_runs=cell.hf_identical)
     return row
 
@@ -181,8 +169,7 @@ def fmt(value, spec: str = ".2f") -> str:
 
 
 def markdown(result: SweepResult, rows: list[dict], env: dict, command: str) -> str:
-    s = result.settings
-    q = s.sampling
+    s, q = result.settings, result.settings.sampling
     decoding = "greedy" if q.greedy else (
         f"sampling, temperature {q.temperature:g}, top-k {q.top_k}, top-p {q.top_p}, seed {s.seed}")
     weights = {"checkpoint": "checkpoint weights", "random": "random weights (real GPT-2 shapes)",
@@ -249,61 +236,45 @@ def line_label(alpha_sim: float | None, env: dict) -> str:
     return "real draft" + (" (random weights)" if env.get("weights") in ("random", "tiny") else "")
 
 
-def save(fig, ax, path: Path) -> None:
-    """Grid, legend and tight layout, then the PNG at 125 dpi."""
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=125)
-
-
-def plot_speedup(result: SweepResult, rows: list[dict], env: dict, path: Path) -> None:
-    """One axis, ~1000 x 700 px: speedup against γ at the largest max_gen, one
-    colour per acceptance setting, measured solid (min-max bars), predicted
-    dashed, transformers dotted."""
+def plot(result: SweepResult, rows: list[dict], env: dict, speedup_path: Path, acceptance_path: Path) -> None:
+    """The two plots, one colour per acceptance setting in each. speedup_path: one axis, ~1000 x 700 px, speedup
+    against γ at the largest max_gen, measured solid (min-max bars), predicted dashed, transformers dotted.
+    acceptance_path: one small axis, P(draft position i accepted | judged), pooled over γ, max_gen and prompts."""
     from matplotlib.figure import Figure  # matplotlib only when plotting; no pyplot state to close
 
-    s = result.settings
-    n = max(s.max_gens)
-    fig = Figure(figsize=(8, 5.6))
-    ax = fig.subplots()
+    s, n = result.settings, max(result.settings.max_gens)
+    speed_fig, accept_fig = Figure(figsize=(8, 5.6)), Figure(figsize=(6.4, 4))
+    speed, accept = speed_fig.subplots(), accept_fig.subplots()
     for i, alpha_sim in enumerate(s.alpha_settings):
+        color, name = f"C{i}", line_label(alpha_sim, env)
         sel = [r for r in rows if r["max_gen"] == n and r["alpha_sim"] == alpha_sim and r["tree"] is None]
-        g, y, color, name = [r["gamma"] for r in sel], [r["speedup"] for r in sel], f"C{i}", line_label(alpha_sim, env)
+        g, y = [r["gamma"] for r in sel], [r["speedup"] for r in sel]
         err = [[r["speedup"] - r["speedup_min"] for r in sel], [r["speedup_max"] - r["speedup"] for r in sel]]
-        ax.errorbar(g, y, yerr=err, color=color, marker="o", capsize=3, label=f"{name}, measured")
-        ax.plot(g, [r["predicted_speedup"] for r in sel], color=color, linestyle="--", label=f"{name}, predicted")
+        speed.errorbar(g, y, yerr=err, color=color, marker="o", capsize=3, label=f"{name}, measured")
+        speed.plot(g, [r["predicted_speedup"] for r in sel], color=color, linestyle="--", label=f"{name}, predicted")
         if s.peer:
-            ax.plot(g, [r["hf_speedup"] for r in sel], color=color, linestyle=":", marker="^",
-                    label=f"{name}, transformers")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(s.gammas), [str(g) for g in s.gammas])
-    ax.set_xlabel("γ (tokens drafted per step)")
-    ax.set_ylabel("speedup over plain decoding")
-    ax.set_title(f"{env['models']['draft']} → {env['models']['target']}, max_gen {n}, {env['device_name']}, "
-                 f"{env['dtype']}", fontsize=10)
-    save(fig, ax, path)
-
-
-def plot_acceptance(result: SweepResult, env: dict, path: Path) -> None:
-    """One small axis: P(draft position i accepted | judged), one line per
-    acceptance setting, pooled over γ, max_gen and prompts."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 4))
-    ax = fig.subplots()
-    for alpha_sim in result.settings.alpha_settings:
+            speed.plot(g, [r["hf_speedup"] for r in sel], color=color, linestyle=":", marker="^",
+                       label=f"{name}, transformers")
         stats = pooled([st for c in result.cells if c.alpha_sim == alpha_sim and c.tree is None for st in c.stats])
-        line, = ax.plot(range(1, stats.gamma + 1), stats.position_acceptance, marker="o",
-                        label=line_label(alpha_sim, env))
+        accept.plot(range(1, stats.gamma + 1), stats.position_acceptance, color=color, marker="o", label=name)
         if alpha_sim is not None:
-            ax.axhline(alpha_sim, color=line.get_color(), linestyle="--", linewidth=0.8)
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xticks(range(1, max(result.settings.gammas) + 1))
-    ax.set_xlabel("draft position i")
-    ax.set_ylabel("P(accepted | judged)")
-    save(fig, ax, path)
+            accept.axhline(alpha_sim, color=color, linestyle="--", linewidth=0.8)
+    speed.axhline(1.0, color="grey", linewidth=0.8)
+    speed.set_xscale("log", base=2)
+    speed.set_xticks(list(s.gammas), [str(g) for g in s.gammas])
+    speed.set_xlabel("γ (tokens drafted per step)")
+    speed.set_ylabel("speedup over plain decoding")
+    speed.set_title(f"{env['models']['draft']} → {env['models']['target']}, max_gen {n}, {env['device_name']}, "
+                    f"{env['dtype']}", fontsize=10)
+    accept.set_ylim(-0.02, 1.02)
+    accept.set_xticks(range(1, max(s.gammas) + 1))
+    accept.set_xlabel("draft position i")
+    accept.set_ylabel("P(accepted | judged)")
+    for fig, ax, path in ((speed_fig, speed, speedup_path), (accept_fig, accept, acceptance_path)):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=125)
 
 
 def write_all(result: SweepResult, folder: Path, env: dict, command: str) -> list[Path]:
@@ -339,6 +310,5 @@ def write_all(result: SweepResult, folder: Path, env: dict, command: str) -> lis
                                         "t_start_draft": g.t_start_draft}
                                for n, g in result.groups.items()},
     })
-    plot_speedup(result, rows, env, paths[3])
-    plot_acceptance(result, env, paths[4])
+    plot(result, rows, env, paths[3], paths[4])
     return paths
