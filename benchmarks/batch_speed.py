@@ -14,8 +14,9 @@ second compare one workload. Acceptance is simulated (`SimulatedBatchDrafter`):
 per row, the target's own greedy token with probability --alpha (prompt i
 meets the same coins at every B, from seed --seed + repeat), the draft
 model's forward passes paid. Timed, in every repeat, each in turn (reversed
-on odd repeats): whole generation runs (plain; speculative for each
---gammas), and on a cache of --context positions per row one pass of B rows
+on odd repeats): whole generation runs (plain at every B, speculative for
+each B and --gammas, plain at every B again: plain's time is the mean of its
+two runs, which straddle the speculative ones), and on a cache of --context positions per row one pass of B rows
 (t_step), of B (gamma + 1) rows (t_v) and of the draft (t_d), the step
 between two samples of the read bandwidth and of the arithmetic rate.
 Ratios are taken within a repeat, then the median over repeats.
@@ -146,18 +147,27 @@ def pass_bytes(model: GPT2, B: int, context: int) -> int:
 
 def one_repeat(pair, args: argparse.Namespace, prompts: list[list[int]], reverse: bool,
                probe: BandwidthProbe, seed: int) -> dict:
-    """Every measurement once: "plain B=<B>", "spec B=<B> gamma=<g>" (seconds
-    and stats; simulated coins from `seed`), "t_step B=<B>", "t_v B=<B>",
+    """Every measurement once: "plain B=<B>" (the mean seconds of a run at
+    every B before the speculative runs and one after them: "plain B=<B>
+    runs"), "spec B=<B> gamma=<g>" (seconds and stats; simulated coins from
+    `seed`), "t_step B=<B>", "t_v B=<B>",
     "t_d B=<B>", "bandwidth B=<B>" and "flops B=<B>" (the machine's rates
     around the step)."""
     got: dict = {}
-    for B in (list(reversed(args.batch_sizes)) if reverse else args.batch_sizes):
+    sizes = list(reversed(args.batch_sizes)) if reverse else args.batch_sizes
+    plain = {B: [] for B in sizes}
+    for B in sizes:  # plain decoding at every B side by side, so that B = 8 and B = 1 meet the same memory
         seconds, references = plain_run(pair.target, prompts, B, args.new_tokens)
-        got[f"plain B={B}"] = seconds
+        plain[B].append(seconds)
+    for B in sizes:
         for gamma in (reversed(args.gammas) if reverse else args.gammas):
             got[f"spec B={B} gamma={gamma}"] = spec_run(pair.target, pair.draft, prompts, references, B,
                                                          args.new_tokens, gamma, args.alpha, seed)
         gc.collect()
+    for B in reversed(sizes):  # and again after the speculative runs: their mean straddles them
+        plain[B].append(plain_run(pair.target, prompts, B, args.new_tokens)[0])
+        got[f"plain B={B}"] = sum(plain[B]) / 2
+        got[f"plain B={B} runs"] = plain[B]
     for B in (list(reversed(args.step_batches)) if reverse else args.step_batches):
         before, flops_before = probe.sample(), arithmetic_rate()
         got[f"t_step B={B}"] = pass_seconds(pair.target, B, 1, args.context, args.seed)
@@ -247,6 +257,7 @@ def report_lines(summary: dict, args: argparse.Namespace) -> list[str]:
     lines = ["## Tokens per second", "",
              f"The same {args.prompts} prompts ({args.prompt_len} +- 12 tokens) at every B, served B at a time, "
              f"{args.new_tokens} new tokens each; speculative: gamma = {g_main}, simulated alpha = {args.alpha}. "
+             "Plain runs at every B side by side, before and after the speculative runs (their mean). "
              "Each ratio is the median of the per-repeat ratios.",
              ""]
     rows = []
