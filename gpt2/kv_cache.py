@@ -120,10 +120,11 @@ class KVCache:
         """
         slots = positions.tolist()
         assert all(a < b for a, b in zip([start - 1] + slots, slots)), f"slots {slots}: not increasing from {start}"
-        # One slice copy per kept position, in order: slot start + i <= slots[i]
-        # < slots[i + 1], so no copy overwrites a position still to be moved.
-        # (Gathering with an index tensor, k[:, row, :, index], first copies
-        # the row's whole (L, nh, S, hs) buffer: ~190 MB for gpt2-large.)
+        # One slice copy per kept position (an accepted path is a few tokens),
+        # in order: slot start + i <= slots[i] < slots[i + 1], so no copy
+        # overwrites a position still to be moved. A gather with an index
+        # tensor, k[:, row, :, index], is one parallel region instead, slow
+        # when another process keeps a core busy (docs/performance.md).
         for i, slot in enumerate(slots):
             if slot != start + i:
                 self.k[:, row, :, start + i] = self.k[:, row, :, slot]  # (L, nh, hs)
