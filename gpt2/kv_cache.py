@@ -123,8 +123,8 @@ class KVCache:
         # One slice copy per kept position (an accepted path is a few tokens),
         # in order: slot start + i <= slots[i] < slots[i + 1], so no copy
         # overwrites a position still to be moved. A gather with an index
-        # tensor, k[:, row, :, index], is one parallel region instead, slow
-        # when another process keeps a core busy (docs/performance.md).
+        # tensor, k[:, row, :, index], measured slower in the tree loop, more
+        # so on a loaded machine (docs/performance.md).
         for i, slot in enumerate(slots):
             if slot != start + i:
                 self.k[:, row, :, start + i] = self.k[:, row, :, slot]  # (L, nh, hs)
