@@ -15,10 +15,11 @@ per row, the target's own greedy token with probability --alpha (prompt i
 meets the same coins at every B, from seed --seed + repeat), the draft
 model's forward passes paid. Timed, in every repeat, each in turn (reversed
 on odd repeats): whole generation runs (plain at every B, speculative for
-each B and --gammas, plain at every B again: plain's time is the mean of its
-two runs, which straddle the speculative ones), and on a cache of --context positions per row one pass of B rows
-(t_step), of B (gamma + 1) rows (t_v) and of the draft (t_d), the step
-between two samples of the read bandwidth and of the arithmetic rate.
+each B and --gammas, plain at every B again: plain's time is the mean of
+its two runs, which straddle the speculative ones), and on a cache of
+--context positions per row one pass of B rows (t_step), of B (gamma + 1)
+rows (t_v) and of the draft (t_d), the step between two samples of the read
+bandwidth and of the arithmetic rate.
 Ratios are taken within a repeat, then the median over repeats.
 
     python -m benchmarks.batch_speed                       # gpt2 -> gpt2-large shapes
@@ -147,17 +148,16 @@ def pass_bytes(model: GPT2, B: int, context: int) -> int:
 
 def one_repeat(pair, args: argparse.Namespace, prompts: list[list[int]], reverse: bool,
                probe: BandwidthProbe, seed: int) -> dict:
-    """Every measurement once: "plain B=<B>" (the mean seconds of a run at
-    every B before the speculative runs and one after them: "plain B=<B>
+    """Every measurement once: "plain B=<B>" (the mean seconds of a run
+    before the speculative runs and one after them, both in "plain B=<B>
     runs"), "spec B=<B> gamma=<g>" (seconds and stats; simulated coins from
-    `seed`), "t_step B=<B>", "t_v B=<B>",
-    "t_d B=<B>", "bandwidth B=<B>" and "flops B=<B>" (the machine's rates
-    around the step)."""
+    `seed`), "t_step B=<B>", "t_v B=<B>", "t_d B=<B>", "bandwidth B=<B>" and
+    "flops B=<B>" (the machine's rates around the step)."""
     got: dict = {}
     sizes = list(reversed(args.batch_sizes)) if reverse else args.batch_sizes
     plain = {B: [] for B in sizes}
     for B in sizes:  # plain decoding at every B side by side, so that B = 8 and B = 1 meet the same memory
-        seconds, references = plain_run(pair.target, prompts, B, args.new_tokens)
+        seconds, references = plain_run(pair.target, prompts, B, args.new_tokens)  # the same rows at every B
         plain[B].append(seconds)
     for B in sizes:
         for gamma in (reversed(args.gammas) if reverse else args.gammas):
