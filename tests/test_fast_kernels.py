@@ -156,19 +156,21 @@ def test_int8_weights_match_the_float64_product(fast_kernels, rows, in_features,
 
 
 @pytest.mark.parametrize("int8", [False, True])
-def test_a_row_gets_the_same_bits_whatever_the_rows_beside_it(fast_kernels, int8):
+@pytest.mark.parametrize("rows, in_features, out_features", [(70, 1280, 100), (50, 5120, 36)])
+def test_a_row_gets_the_same_bits_whatever_the_rows_beside_it(fast_kernels, int8, rows, in_features, out_features):
     """Batch invariance of the product: row r of an N-row call is
-    bit-identical to the same row computed alone, for every N (past the
-    AVX-512 build's 12-row tiles twice, and the AVX2 build's 3-row tiles
-    from 24 rows)."""
+    bit-identical to the same row computed alone, for every N: past the
+    AVX-512 build's 12-row tiles, its two-group tiles from 32 rows (25
+    groups: a pair and a group alone in some chunks), the AVX2 build's 3-row
+    tiles from 24 rows, and (in = 5120, from 40 rows) blocks of rows."""
     g = torch.Generator().manual_seed(9)
-    x = torch.randn(30, 1280, generator=g)
-    w = torch.randn(96, 1280, generator=g) / 40
+    x = torch.randn(rows, in_features, generator=g)
+    w = torch.randn(out_features, in_features, generator=g) / 40
     scale = None
     if int8:
         w, scale = quantize_rows_int8(w)
-    alone = torch.cat([kernel_linear(fast_kernels, x[r : r + 1], w, int8_scale=scale) for r in range(30)])
-    for n in range(2, 31):
+    alone = torch.cat([kernel_linear(fast_kernels, x[r : r + 1], w, int8_scale=scale) for r in range(rows)])
+    for n in range(2, rows + 1):
         assert torch.equal(kernel_linear(fast_kernels, x[:n], w, int8_scale=scale), alone[:n]), n
 
 
@@ -187,10 +189,13 @@ def test_the_avx2_and_avx512_builds_give_the_same_bits(fast_kernels, tmp_path, m
         build.compile_library(cc, library)
         kernels[capability] = build.bind(ctypes.CDLL(str(library)), library)
     g = torch.Generator().manual_seed(10)
-    x, w, b = torch.randn(30, 640, generator=g), torch.randn(200, 640, generator=g) / 25, torch.randn(200, generator=g)
-    for n in (1, 2, 5, 7, 8, 9, 12, 13, 24, 25, 30):
-        avx2, avx512 = (kernel_linear(kernels[c], x[:n], w, b) for c in ("AVX2", "AVX512"))
-        assert torch.equal(avx2, avx512), n
+    for rows, in_features in ((70, 640), (48, 5120)):  # the second in blocks of rows from 40
+        x, w = torch.randn(rows, in_features, generator=g), torch.randn(200, in_features, generator=g) / 25
+        b = torch.randn(200, generator=g)
+        for n in (1, 2, 5, 7, 8, 9, 12, 13, 24, 25, 30, 32, 33, 40, 48, 70):
+            if n <= rows:
+                avx2, avx512 = (kernel_linear(kernels[c], x[:n], w, b) for c in ("AVX2", "AVX512"))
+                assert torch.equal(avx2, avx512), (n, in_features)
 
 
 # ---------------------------------------------------------------------------

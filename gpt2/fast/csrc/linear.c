@@ -25,7 +25,9 @@
  * pairs of outputs take turns against tiles of up to 7 rows
  * (`group_all_rows` says why). Where the library is built for AVX-512
  * (build.py), WIDE_FROM_ROWS rows or more take 512-bit registers, each
- * holding two outputs' blocks (`group_tile_wide`): half the multiply-adds.
+ * holding two outputs' blocks (`wide_tile`): half the multiply-adds; from
+ * PAIRS_FROM_ROWS rows, two groups at a time. Many rows of a long x (a
+ * prefill, a big batch) go in blocks of rows that keep x in L2.
  *
  * Batch invariance: every output y[r][o] is summed in one fixed order, the
  * same whatever N is and whichever rows share its tile: 8 lane sums over k
@@ -70,6 +72,9 @@
 #endif
 /* Chunks of groups per thread, handed out dynamically. */
 #define CHUNKS_PER_THREAD 2
+/* x beyond this many bytes goes in blocks of rows, each of at least MIN_BLOCK_ROWS rows (`few_rows_linear`). */
+#define ROW_BLOCK_BYTES (512 * 1024)
+#define MIN_BLOCK_ROWS 20
 
 /* Row j of block k of a group of W's rows, as floats (unscaled where W is int8). */
 static inline __attribute__((always_inline)) __m256 load_block(const void *w_group, int64_t k, int j, const int int8) {
@@ -181,7 +186,9 @@ static inline __attribute__((always_inline)) void group_tile(
 
 #ifdef __AVX512F__
 #define WIDE_FROM_ROWS 8 /* float32 passes of this many rows or more take `group_all_rows_wide` */
-#define WIDE_TILE_ROWS 12 /* 24 accumulators + 2 registers of W + 1 of x, of 32 */
+#define PAIRS_FROM_ROWS 32 /* ... and from this many, two groups at a time (`wide_tile`) */
+#define WIDE_ACCUMULATORS 24 /* + up to 4 registers of W + 1 of x, of 32 */
+#define WIDE_TILE_ROWS (WIDE_ACCUMULATORS / 2) /* a tile of one group: 2 registers per row */
 
 /* x[8k : 8k + 8] in both halves of a 512-bit register. */
 static inline __attribute__((always_inline)) __m512 load_twice(const float *x) {
@@ -194,8 +201,8 @@ static inline __attribute__((always_inline)) __m256 high_half(__m512 v) {
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
 }
 
-/* Prefetches into L2 two cache lines of the next group's W (`next`, NULL:
- * none) at block k of this tile's `blocks`: its share of that group, bytes
+/* Prefetches into L2 two cache lines of the next groups' W (`next`, NULL:
+ * none) at block k of this tile's `blocks`: its share of them, bytes
  * [begin, end), spread evenly over the tile's loop. */
 static inline __attribute__((always_inline)) void prefetch_share(const char *next, int64_t begin, int64_t end,
                                                                 int64_t k, int64_t blocks) {
@@ -205,67 +212,77 @@ static inline __attribute__((always_inline)) void prefetch_share(const char *nex
     _mm_prefetch(line + 64, _MM_HINT_T1);
 }
 
-/* y[r][o .. o + 3] for n_rows rows of x (float32 W), with 512-bit registers:
- * block k of outputs o + 2p and o + 2p + 1 are 16 consecutive floats of the
- * packed group, so one register holds both, multiplied by x[r][8k : 8k + 8]
- * in both halves. Lanes 0-7 are output o + 2p's 8 lane sums over k in order,
- * lanes 8-15 output o + 2p + 1's: the sums of the 256-bit loops, bit for
- * bit, at half the multiply-adds. */
-static inline __attribute__((always_inline)) void group_tile_wide(
-    const float *x, const float *w_group, const float *bias, float *y,
-    int64_t in, int64_t out, int64_t o, const int n_rows, const char *next, int64_t next_begin, int64_t next_end) {
+/* y[r][o .. o + 4 n_groups - 1] for n_rows rows of x (float32 W; n_groups = 1
+ * or 2 consecutive groups), with 512-bit registers: block k of outputs
+ * o + 2p and o + 2p + 1 are 16 consecutive floats of the packed group, so
+ * one register holds both, multiplied by x[r][8k : 8k + 8] in both halves.
+ * Lanes 0-7 are output o + 2p's 8 lane sums over k in order, lanes 8-15
+ * output o + 2p + 1's: the sums of the 256-bit loops, bit for bit, at half
+ * the multiply-adds. Two groups load 4 registers of W per block for 6 rows
+ * instead of 2 for 12: fewer loads of x per multiply-add, and a tile's x
+ * (6 rows of 1280 floats) fits in L1. */
+static inline __attribute__((always_inline)) void wide_tile(
+    const float *x, const float *w, const float *bias, float *y, int64_t in, int64_t out, int64_t o,
+    const int n_groups, const int n_rows, const char *next, int64_t next_begin, int64_t next_end) {
     const int64_t blocks = in / 8;
-    __m512 acc[2][WIDE_TILE_ROWS]; /* [pair p][row r] */
-    for (int p = 0; p < 2; p++)
+    __m512 acc[4][WIDE_TILE_ROWS]; /* [pair p of outputs][row r] */
+    for (int p = 0; p < 2 * n_groups; p++)
         for (int r = 0; r < n_rows; r++) acc[p][r] = _mm512_setzero_ps();
     for (int64_t k = 0; k < blocks; k++) {
-        prefetch_ahead(w_group, k, 1, 0);
-        prefetch_near(w_group, k);
+        __m512 wk[4]; /* outputs o + 2p, o + 2p + 1 */
+        for (int g = 0; g < n_groups; g++) {
+            const float *w_group = w + g * GROUP * in;
+            prefetch_ahead(w_group, k, 1, 0);
+            prefetch_near(w_group, k);
+            wk[2 * g] = _mm512_loadu_ps(w_group + GROUP * 8 * k);
+            wk[2 * g + 1] = _mm512_loadu_ps(w_group + GROUP * 8 * k + 16);
+        }
         prefetch_share(next, next_begin, next_end, k, blocks);
-        const __m512 w01 = _mm512_loadu_ps(w_group + GROUP * 8 * k);      /* outputs o, o + 1 */
-        const __m512 w23 = _mm512_loadu_ps(w_group + GROUP * 8 * k + 16); /* outputs o + 2, o + 3 */
         for (int r = 0; r < n_rows; r++) {
             const __m512 xr = load_twice(x + r * in + 8 * k);
-            acc[0][r] = _mm512_fmadd_ps(w01, xr, acc[0][r]);
-            acc[1][r] = _mm512_fmadd_ps(w23, xr, acc[1][r]);
+            for (int p = 0; p < 2 * n_groups; p++) acc[p][r] = _mm512_fmadd_ps(wk[p], xr, acc[p][r]);
         }
     }
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < 2 * n_groups; p++)
         for (int r = 0; r < n_rows; r++) {
             store_output(y + r * out, low_half(acc[p][r]), NULL, bias, out, o + 2 * p);
             store_output(y + r * out, high_half(acc[p][r]), NULL, bias, out, o + 2 * p + 1);
         }
 }
 
-/* A float32 group's four outputs for all N rows, in tiles of up to
- * WIDE_TILE_ROWS rows, near-equal in size. Only the first tile reads the
- * group's W from memory; the others find it in cache, and memory would idle
- * while they run. So each tile also prefetches its share of the next group
- * (`w_next`, NULL: none), by rows: W is read all along the group's tiles. */
+/* n_groups (1 or 2) float32 groups' outputs for all N rows, in tiles of up
+ * to WIDE_ACCUMULATORS / (2 n_groups) rows, near-equal in size. Only the
+ * first tile reads the groups' W from memory; the others find it in cache,
+ * and memory would idle while they run. So each tile also prefetches its
+ * share of the next groups (`w_next`, NULL: none), by rows: W is read all
+ * along the tiles. */
 static inline __attribute__((always_inline)) void group_all_rows_wide(
-    const float *x, const float *w_group, const float *bias, float *y, int64_t n, int64_t in, int64_t out, int64_t o,
-    const char *w_next) {
-    const int64_t group_bytes = GROUP * in * 4, tiles = (n + WIDE_TILE_ROWS - 1) / WIDE_TILE_ROWS;
+    const float *x, const float *w, const float *bias, float *y, int64_t n, int64_t in, int64_t out, int64_t o,
+    const int n_groups, const char *w_next) {
+    const int tile_rows = WIDE_ACCUMULATORS / (2 * n_groups);
+    const int64_t bytes = n_groups * GROUP * in * 4, tiles = (n + tile_rows - 1) / tile_rows;
     const char *next = tiles > 1 ? w_next : NULL; /* one tile: `prefetch_ahead` runs into the next group */
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t r0 = n * t / tiles, r1 = n * (t + 1) / tiles; /* rows [r0, r1) */
-        const int64_t share0 = group_bytes * r0 / n, share1 = group_bytes * r1 / n; /* of the next group */
+        const int64_t share0 = bytes * r0 / n, share1 = bytes * r1 / n; /* of the next groups */
         const float *xt = x + r0 * in;
         float *yt = y + r0 * out;
-        switch (r1 - r0) { /* the row count a constant in each copy */
-            case 1: group_tile_wide(xt, w_group, bias, yt, in, out, o, 1, next, share0, share1); break;
-            case 2: group_tile_wide(xt, w_group, bias, yt, in, out, o, 2, next, share0, share1); break;
-            case 3: group_tile_wide(xt, w_group, bias, yt, in, out, o, 3, next, share0, share1); break;
-            case 4: group_tile_wide(xt, w_group, bias, yt, in, out, o, 4, next, share0, share1); break;
-            case 5: group_tile_wide(xt, w_group, bias, yt, in, out, o, 5, next, share0, share1); break;
-            case 6: group_tile_wide(xt, w_group, bias, yt, in, out, o, 6, next, share0, share1); break;
-            case 7: group_tile_wide(xt, w_group, bias, yt, in, out, o, 7, next, share0, share1); break;
-            case 8: group_tile_wide(xt, w_group, bias, yt, in, out, o, 8, next, share0, share1); break;
-            case 9: group_tile_wide(xt, w_group, bias, yt, in, out, o, 9, next, share0, share1); break;
-            case 10: group_tile_wide(xt, w_group, bias, yt, in, out, o, 10, next, share0, share1); break;
-            case 11: group_tile_wide(xt, w_group, bias, yt, in, out, o, 11, next, share0, share1); break;
-            default: group_tile_wide(xt, w_group, bias, yt, in, out, o, WIDE_TILE_ROWS, next, share0, share1); break;
+#define TILE(rows) wide_tile(xt, w, bias, yt, in, out, o, n_groups, rows, next, share0, share1)
+        switch (r1 - r0) { /* the row count a constant in each copy; two groups take at most 6 */
+            case 1: TILE(1); break;
+            case 2: TILE(2); break;
+            case 3: TILE(3); break;
+            case 4: TILE(4); break;
+            case 5: TILE(5); break;
+            case 6: TILE(6); break;
+            case 7: if (n_groups == 1) TILE(7); break;
+            case 8: if (n_groups == 1) TILE(8); break;
+            case 9: if (n_groups == 1) TILE(9); break;
+            case 10: if (n_groups == 1) TILE(10); break;
+            case 11: if (n_groups == 1) TILE(11); break;
+            default: if (n_groups == 1) TILE(WIDE_TILE_ROWS); break;
         }
+#undef TILE
     }
 }
 #endif
@@ -283,7 +300,7 @@ static inline __attribute__((always_inline)) void group_all_rows(
     int64_t n, int64_t in, int64_t out, int64_t o, const int int8, const char *w_next) {
 #ifdef __AVX512F__
     if (!int8 && n >= WIDE_FROM_ROWS) {
-        group_all_rows_wide(x, (const float *)w_group, bias, y, n, in, out, o, w_next);
+        group_all_rows_wide(x, (const float *)w_group, bias, y, n, in, out, o, 1, w_next);
         return;
     }
 #endif
@@ -367,6 +384,18 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
                      int64_t n, int64_t in, int64_t out,
                      const float *norm_weight, const float *norm_bias, float norm_eps,
                      int gelu, const float *residual) {
+    /* Many rows of a long x: in blocks of rows whose x stays in L2 while every group passes over it
+     * (each block reads W again; its rows' outputs are the same, row by row). */
+    const int64_t row_blocks_by_size = (n * in * 4 + ROW_BLOCK_BYTES - 1) / ROW_BLOCK_BYTES;
+    const int64_t row_blocks = row_blocks_by_size < n / MIN_BLOCK_ROWS ? row_blocks_by_size : n / MIN_BLOCK_ROWS;
+    if (row_blocks > 1) {
+        for (int64_t b = 0; b < row_blocks; b++) {
+            const int64_t r0 = n * b / row_blocks, r1 = n * (b + 1) / row_blocks;
+            few_rows_linear(x + r0 * in, packed, scale, bias, y + r0 * out, r1 - r0, in, out,
+                            norm_weight, norm_bias, norm_eps, gelu, residual ? residual + r0 * out : NULL);
+        }
+        return;
+    }
     float *normed = NULL;
     if (norm_weight) { /* once, before the threads start: N x IN is small */
         normed = malloc((size_t)(n * in) * sizeof(float));
@@ -385,6 +414,13 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
             const void *w_group = (const char *)packed + g * group_bytes;
             if (scale)
                 group_all_rows(x, w_group, scale, bias, y, n, in, out, GROUP * g, 1, NULL);
+#ifdef __AVX512F__
+            else if (n >= PAIRS_FROM_ROWS && g + 1 < g_end) { /* this group and the next, with the two after */
+                group_all_rows_wide(x, (const float *)w_group, bias, y, n, in, out, GROUP * g, 2,
+                                    g + 3 < g_end ? (const char *)w_group + 2 * group_bytes : NULL);
+                g++;
+            }
+#endif
             else /* with the next group of this chunk, for the 512-bit tiles to prefetch */
                 group_all_rows(x, w_group, NULL, bias, y, n, in, out, GROUP * g, 0,
                                g + 1 < g_end ? (const char *)w_group + group_bytes : NULL);
