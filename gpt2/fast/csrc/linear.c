@@ -220,10 +220,11 @@ static inline __attribute__((always_inline)) void prefetch_share(const char *nex
  * output o + 2p + 1's: the sums of the 256-bit loops, bit for bit, at half
  * the multiply-adds. Two groups load 4 registers of W per block for 6 rows
  * instead of 2 for 12: fewer loads of x per multiply-add, and a tile's x
- * (6 rows of 1280 floats) fits in L1. */
+ * (6 rows of 1280 floats) fits in L1. `fetch`: prefetch the groups' own W
+ * (`prefetch_ahead`, `prefetch_near`). */
 static inline __attribute__((always_inline)) void wide_tile(
     const float *x, const float *w, const float *bias, float *y, int64_t in, int64_t out, int64_t o,
-    const int n_groups, const int n_rows, const char *next, int64_t next_begin, int64_t next_end) {
+    const int n_groups, const int n_rows, const char *next, int64_t next_begin, int64_t next_end, const int fetch) {
     const int64_t blocks = in / 8;
     __m512 acc[4][WIDE_TILE_ROWS]; /* [pair p of outputs][row r] */
     for (int p = 0; p < 2 * n_groups; p++)
@@ -232,8 +233,10 @@ static inline __attribute__((always_inline)) void wide_tile(
         __m512 wk[4]; /* outputs o + 2p, o + 2p + 1 */
         for (int g = 0; g < n_groups; g++) {
             const float *w_group = w + g * GROUP * in;
-            prefetch_ahead(w_group, k, 1, 0);
-            prefetch_near(w_group, k);
+            if (fetch) {
+                prefetch_ahead(w_group, k, 1, 0);
+                prefetch_near(w_group, k);
+            }
             wk[2 * g] = _mm512_loadu_ps(w_group + GROUP * 8 * k);
             wk[2 * g + 1] = _mm512_loadu_ps(w_group + GROUP * 8 * k + 16);
         }
@@ -267,7 +270,9 @@ static inline __attribute__((always_inline)) void group_all_rows_wide(
         const int64_t share0 = bytes * r0 / n, share1 = bytes * r1 / n; /* of the next groups */
         const float *xt = x + r0 * in;
         float *yt = y + r0 * out;
-#define TILE(rows) wide_tile(xt, w, bias, yt, in, out, o, n_groups, rows, next, share0, share1)
+        /* A pair's later tiles find its W in cache: prefetching it again would only take load slots. */
+        const int fetch = t == 0 || n_groups == 1;
+#define TILE(rows) wide_tile(xt, w, bias, yt, in, out, o, n_groups, rows, next, share0, share1, fetch)
         switch (r1 - r0) { /* the row count a constant in each copy; two groups take at most 6 */
             case 1: TILE(1); break;
             case 2: TILE(2); break;
