@@ -161,8 +161,8 @@ def test_a_row_gets_the_same_bits_whatever_the_rows_beside_it(fast_kernels, int8
     """Batch invariance of the product: row r of an N-row call is
     bit-identical to the same row computed alone, for every N: past the
     AVX-512 build's 12-row tiles, its two-group tiles from 32 rows (25
-    groups: a pair and a group alone in some chunks), the AVX2 build's 3-row
-    tiles from 24 rows, and (in = 5120, from 40 rows) blocks of rows."""
+    groups: pairs, and a group alone in the last chunk), the AVX2 build's
+    3-row tiles from 24 rows, and (in = 5120, from 40 rows) blocks of rows."""
     g = torch.Generator().manual_seed(9)
     x = torch.randn(rows, in_features, generator=g)
     w = torch.randn(out_features, in_features, generator=g) / 40
