@@ -128,11 +128,6 @@ def spec_run(target: GPT2, drafter_fn, ids: torch.Tensor, max_gen: int, schedule
     return run
 
 
-def gamma_summary(stats: SpecStats) -> str:
-    """The K a run asked for, as 'K:steps' pairs, e.g. '0:2 4:10 5:3'."""
-    return " ".join(f"{K}:{n}" for K, n in enumerate(stats.gamma_hist) if n)
-
-
 def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: int, reference: list[int],
                  costs: StepCosts | None = None) -> dict:
     """Times every method against plain decoding, in each repeat (in rotated
@@ -295,7 +290,7 @@ def simulated_table(results: dict) -> str:
         best_modelled = max((name for name in modelled if name.startswith("fixed")), key=modelled.get)
         rows.append([
             case["draft"], f"{case['alpha']:.1f}", f"{statistics.median(runs['plain']['seconds']):.2f}",
-            f"{auto['speedup']:.2f}x", gamma_summary_dict(auto), f"{auto['alpha']:.2f}",
+            f"{auto['speedup']:.2f}x", gamma_summary(auto), f"{auto['alpha']:.2f}",
             f"{best.removeprefix('fixed ')}", f"{fixed[best]:.2f}x", f"{auto['speedup'] / fixed[best]:.3f}",
             "n/a" if held_out is None else f"{auto['speedup'] / held_out:.3f}", f"{heuristic['speedup']:.2f}x",
             f"{modelled['auto'] / modelled[best_modelled]:.3f} (best {best_modelled.removeprefix('fixed ')})",
@@ -307,7 +302,8 @@ def simulated_table(results: dict) -> str:
          "cost model: +2/-1 / best"], rows)
 
 
-def gamma_summary_dict(counts: dict) -> str:
+def gamma_summary(counts: dict) -> str:
+    """The K a method asked for (counts["gamma_hist"]), as 'K:steps' pairs, e.g. '0:2 4:10 5:3'."""
     return " ".join(f"{K}:{n}" for K, n in enumerate(counts["gamma_hist"]) if n)
 
 
