@@ -3,13 +3,15 @@ decoding slower? Each checkout runs in its own worker process (its own
 `gpt2` and `spec_decoding`, the same random weights); the driver asks them in
 turn, the order reversed every other repeat, so that the machine's swings in
 speed fall on both alike. Reported: the decode step and t_v(k) (k in --ks,
-default 5) on a 100-token cache, r_k, a step of B rows (--rows), plain greedy
-decoding, and speculative decoding with a simulated draft (alpha 0.8, gamma
+default 5) on a 100-token cache, r_k, a step of B rows (--rows), the draft's
+decode step t_d (--draft-int8: the draft quantised), plain greedy decoding,
+and speculative decoding with a simulated draft (alpha 0.8, --gamma, default
 4), each as after / before ratios paired within a repeat.
 
     git worktree add /tmp/before cd36fce
     python -m benchmarks.compare_commits /tmp/before .
     python -m benchmarks.compare_commits /tmp/before . --ks 5 8 16 32 --rows 8
+    python -m benchmarks.compare_commits /tmp/before . --draft-int8 --gamma 7
     python -m benchmarks.compare_commits /tmp/before . --tiny --repeats 1    # a smoke run
 
 The workers import only names both sides have (a checkout from before
@@ -45,8 +47,9 @@ from spec_decoding.drafters import SimulatedDrafter
 target_name, draft_name, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ks, rows = [int(k) for k in sys.argv[4].split(",")], int(sys.argv[5])
 cached, prompt_len = int(sys.argv[6]), int(sys.argv[7])
+gamma, draft_int8 = int(sys.argv[8]), sys.argv[9] == "int8"
 
-def build(name, seed):
+def build(name, seed, int8=False):
     config = preset(name)
     with torch.device("meta"):
         model = GPT2(config)
@@ -55,7 +58,7 @@ def build(name, seed):
     model.eval()
     try:
         from gpt2 import fast
-        fast.accelerate(model)
+        fast.accelerate(model, int8=int8)
     except ImportError:
         model.prepare_linear_layers()
     return model
@@ -73,15 +76,15 @@ class SameLuck(SimulatedDrafter):
         token = right if position < len(self.luck) and self.luck[position] < self.alpha else (right + 1) % self.vocab_size
         return torch.tensor(token), None
 
-target, draft = build(target_name, 0), build(draft_name, 1)
+target, draft = build(target_name, 0), build(draft_name, 1, draft_int8)
 V = target.config.vocab_size
 g = torch.Generator().manual_seed(1)
 prefix, drafts, prompt = (torch.randint(V, (1, n), generator=g) for n in (cached, max(ks), prompt_len))
-cache, batch = target.new_cache(1), target.new_cache(rows)
+cache, batch, draft_cache = target.new_cache(1), target.new_cache(rows), draft.new_cache(1)
 
-def verify(k, cache=cache, tokens=drafts):
+def verify(k, cache=cache, tokens=drafts, model=target):
     t0 = time.perf_counter()
-    target(tokens[:, :k], cache)
+    model(tokens[:, :k], cache)
     seconds = time.perf_counter() - t0
     cache.rewind(cached)
     return seconds
@@ -89,23 +92,27 @@ def verify(k, cache=cache, tokens=drafts):
 with torch.inference_mode():
     target(prefix, cache)
     target(prefix.expand(rows, -1), batch)  # (rows, cached): the same prefix in every row
+    draft(prefix, draft_cache)
 
     def batch_step():
         return verify(1, batch, drafts[:, :1].expand(rows, -1))  # (rows, 1): one new token per row
 
-    verify(1), batch_step(), [verify(k) for k in ks]
+    def draft_step():
+        return verify(1, draft_cache, model=draft)
+
+    verify(1), batch_step(), draft_step(), [verify(k) for k in ks]
     reference = generate(target, prompt, new_tokens)
     print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() == "costs":
-            print(json.dumps({"step": verify(1), "rows": batch_step(), **{f"k={k}": verify(k) for k in ks}}),
-                  flush=True)
+            print(json.dumps({"step": verify(1), "rows": batch_step(), "draft": draft_step(),
+                              **{f"k={k}": verify(k) for k in ks}}), flush=True)
             continue
         t0 = time.perf_counter()
         plain = generate(target, prompt, new_tokens)
         t1 = time.perf_counter()
         out, _ = speculative_generate(target, SameLuck(draft, reference, 0.8, seed=3), prompt,
-                                      gamma=4, max_new_tokens=new_tokens)
+                                      gamma=gamma, max_new_tokens=new_tokens)
         t2 = time.perf_counter()
         assert torch.equal(plain, reference) and torch.equal(out, reference)
         print(json.dumps({"plain": t1 - t0, "speculative": t2 - t1}), flush=True)
@@ -156,13 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ks", type=int, nargs="+", default=[5], help="verification passes timed, in tokens (default 5)")
     p.add_argument("--rows", type=int, default=8,
                    help=f"rows of the batched decode step timed (default 8, at most {MAX_ROWS})")
+    p.add_argument("--gamma", type=int, default=4, help="draft length of the speculative runs (default 4)")
+    p.add_argument("--draft-int8", action="store_true", help="the draft's weights in int8 (the target stays float32)")
     p.add_argument("--tiny", action="store_true", help="the distilgpt2 -> gpt2 shapes, for a smoke run")
     args = p.parse_args(argv)
     for folder in (args.before, args.after):
         if not (Path(folder) / "gpt2" / "model.py").is_file():
             raise ValueError(f"{folder} is not a checkout of this project (no gpt2/model.py): pass its folder")
-    if min(args.repeats, args.new_tokens, args.rows, *args.ks) < 1:
-        raise ValueError("--repeats, --new-tokens, --rows and --ks must be >= 1")
+    if min(args.repeats, args.new_tokens, args.rows, args.gamma, *args.ks) < 1:
+        raise ValueError("--repeats, --new-tokens, --rows, --gamma and --ks must be >= 1")
     target, draft = ("gpt2", "distilgpt2") if args.tiny else ("gpt2-large", "gpt2")
     n_ctx = min(preset(target).n_ctx, preset(draft).n_ctx)
     check_range("--ks", max(args.ks), 1, n_ctx - CACHED,
@@ -173,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sides = {}
     worker_args = [target, draft, str(args.new_tokens), ",".join(map(str, args.ks)), str(args.rows), str(CACHED),
-                   str(PROMPT)]
+                   str(PROMPT), str(args.gamma), "int8" if args.draft_int8 else "float32"]
     samples = {name: [] for name in ("before", "after")}  # per repeat: {step, rows, k=..., plain, speculative}
     try:
         for name, folder in (("before", args.before), ("after", args.after)):
@@ -190,15 +199,17 @@ def main(argv: list[str] | None = None) -> int:
         for worker in sides.values():
             worker.close()
 
-    print(f"{target} target, {draft} draft, {args.repeats} interleaved repeats (medians)")
+    print(f"{target} target, {draft} draft ({'int8' if args.draft_int8 else 'float32'}), "
+          f"{args.repeats} interleaved repeats (medians)")
     for name, runs in samples.items():
         passes = "".join(f"t_v({k}) {1e3 * median(r[f'k={k}'] for r in runs):.1f} ms, "
                          f"r_{k} {median(r[f'k={k}'] / r['step'] for r in runs):.3f}, " for k in args.ks)
         print(f"{name:>6}: step {1e3 * median(r['step'] for r in runs):.1f} ms, {passes}"
               f"step of {args.rows} rows {median(r['rows'] / r['step'] for r in runs):.3f}x one row, "
-              f"speedup at alpha 0.8, gamma 4: {median(r['plain'] / r['speculative'] for r in runs):.2f}x")
+              f"t_d {1e3 * median(r['draft'] for r in runs):.2f} ms, speedup at alpha 0.8, gamma {args.gamma}: "
+              f"{median(r['plain'] / r['speculative'] for r in runs):.2f}x")
     labels = {"step": "step", **{f"k={k}": f"t_v({k})" for k in args.ks}, "rows": f"step of {args.rows} rows",
-              "plain": "plain decoding", "speculative": "speculative decoding"}
+              "draft": "draft step t_d", "plain": "plain decoding", "speculative": "speculative decoding"}
     for key, label in labels.items():
         ratio = median(a[key] / b[key] for a, b in zip(samples["after"], samples["before"]))
         print(f"after / before, {label} time: {ratio:.3f}")

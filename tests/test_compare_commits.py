@@ -16,12 +16,14 @@ from helpers import REPO_ROOT
 
 def test_a_checkout_against_itself_reports_both_sides_and_the_ratios(capsys):
     args = [str(REPO_ROOT), str(REPO_ROOT), "--tiny", "--repeats", "1", "--new-tokens", "4", "--ks", "5", "9"]
-    assert run_cli(main, args + ["--rows", "3"]) == 0
+    assert run_cli(main, args + ["--rows", "3", "--draft-int8", "--gamma", "3"]) == 0
     out = capsys.readouterr().out
+    assert "distilgpt2 draft (int8)" in out
     for side in ("before", "after"):
         assert re.search(rf"{side}: step [\d.]+ ms, t_v\(5\) [\d.]+ ms, r_5 [\d.]+, t_v\(9\) [\d.]+ ms, r_9 [\d.]+, "
-                         r"step of 3 rows [\d.]+x one row, speedup at alpha 0.8", out)
-    for label in ("step", "t_v(5)", "t_v(9)", "step of 3 rows", "plain decoding", "speculative decoding"):
+                         r"step of 3 rows [\d.]+x one row, t_d [\d.]+ ms, speedup at alpha 0.8, gamma 3", out)
+    labels = ("step", "t_v(5)", "t_v(9)", "step of 3 rows", "draft step t_d", "plain decoding", "speculative decoding")
+    for label in labels:
         assert re.search(rf"after / before, {re.escape(label)} time: [\d.]+", out)
 
 
@@ -31,6 +33,8 @@ def test_a_folder_that_is_not_a_checkout_is_one_line_and_exit_2(tmp_path, capsys
     assert err.startswith("error: ") and "not a checkout" in err and len(err.strip().splitlines()) == 1
     assert run_cli(main, [str(REPO_ROOT), str(REPO_ROOT), "--ks", "0"]) == 2
     assert "--ks must be >= 1" in capsys.readouterr().err
+    assert run_cli(main, [str(REPO_ROOT), str(REPO_ROOT), "--gamma", "0"]) == 2
+    assert "--gamma and --ks must be >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad, message", [(["--ks", "2000"], "--ks must lie in 1..924"),  # 100 tokens cached

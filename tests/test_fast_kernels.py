@@ -166,18 +166,19 @@ def test_a_row_gets_the_same_bits_whatever_the_rows_beside_it(fast_kernels, int8
     g = torch.Generator().manual_seed(9)
     x = torch.randn(rows, in_features, generator=g)
     w = torch.randn(out_features, in_features, generator=g) / 40
+    b = torch.randn(out_features, generator=g)
     scale = None
     if int8:
         w, scale = quantize_rows_int8(w)
-    alone = torch.cat([kernel_linear(fast_kernels, x[r : r + 1], w, int8_scale=scale) for r in range(rows)])
+    alone = torch.cat([kernel_linear(fast_kernels, x[r : r + 1], w, b, int8_scale=scale) for r in range(rows)])
     for n in range(2, rows + 1):
-        assert torch.equal(kernel_linear(fast_kernels, x[:n], w, int8_scale=scale), alone[:n]), n
+        assert torch.equal(kernel_linear(fast_kernels, x[:n], w, b, int8_scale=scale), alone[:n]), n
 
 
 def test_the_avx2_and_avx512_builds_give_the_same_bits(fast_kernels, tmp_path, monkeypatch):
-    """The AVX-512 build (512-bit registers from 8 rows) sums every output in
-    the AVX2 build's order: a cache shared by two machines, or a model moved
-    between them, gives the same logits."""
+    """The AVX-512 build (512-bit registers from 6 rows, and for int8 weights
+    at every N) sums every output in the AVX2 build's order: a cache shared
+    by two machines, or a model moved between them, gives the same logits."""
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
         pytest.skip("runs both builds: needs a CPU with AVX-512")
     monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path))
@@ -192,10 +193,13 @@ def test_the_avx2_and_avx512_builds_give_the_same_bits(fast_kernels, tmp_path, m
     for rows, in_features in ((70, 640), (48, 5120)):  # the second in blocks of rows from 40
         x, w = torch.randn(rows, in_features, generator=g), torch.randn(200, in_features, generator=g) / 25
         b = torch.randn(200, generator=g)
-        for n in (1, 2, 5, 7, 8, 9, 12, 13, 24, 25, 30, 32, 33, 40, 48, 70):
+        q, scale = quantize_rows_int8(w)  # int8: 512-bit tiles at every N
+        for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 24, 25, 30, 32, 33, 40, 48, 70):
             if n <= rows:
                 avx2, avx512 = (kernel_linear(kernels[c], x[:n], w, b) for c in ("AVX2", "AVX512"))
                 assert torch.equal(avx2, avx512), (n, in_features)
+                avx2, avx512 = (kernel_linear(kernels[c], x[:n], q, b, int8_scale=scale) for c in ("AVX2", "AVX512"))
+                assert torch.equal(avx2, avx512), ("int8", n, in_features)
 
 
 # ---------------------------------------------------------------------------

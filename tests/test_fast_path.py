@@ -118,10 +118,10 @@ def test_that_check_fails_a_block_wired_wrong(fast_kernels):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", ["tiny", "gpt2"])
+@pytest.mark.parametrize("shape", ["tiny", "gpt2", "gpt2 int8"])
 def test_a_position_has_the_same_bits_in_a_step_a_verification_and_a_batch(fast_kernels, shape):
     config = CONFIG if shape == "tiny" else PRESETS["gpt2"]
-    model = fast.accelerate(new_model(config=config))
+    model = fast.accelerate(new_model(config=config), int8=shape.endswith("int8"))
     V = config.vocab_size
     prompt, new = ids(1, 20, 3, V), ids(1, 16, 4, V)
     (_, *steps), _ = run(model, prompt, *new.split(1, dim=1))  # 16 one-token steps

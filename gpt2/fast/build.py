@@ -37,10 +37,13 @@ HEADERS = (CSRC / "vector_math.h",)  # included by the sources: part of the reci
 
 # -fopenmp: the loops are split across threads with OpenMP. The library asks for
 # libgomp.so.1, which PyTorch has already loaded, so both share one thread pool
-# and torch.set_num_threads applies to the kernels too.
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+# and torch.set_num_threads applies to the kernels too. -ffp-contract=off: a product and a sum
+# are never fused into one multiply-add unless the source says so. GCC fuses by default where it
+# sees fit, and it saw fit differently in different inlined copies of one line: a row's bits then
+# depended on its tile (an int8 output's `scale * sum + bias`).
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 # Where the CPU has AVX-512 (as PyTorch counts it: F, BW, VL, DQ), the kernels may also use its 32 vector
-# registers and 512-bit multiply-adds (linear.c, from 8 rows). The flags are part of the library's name, so a cache
+# registers and 512-bit multiply-adds (linear.c, from 6 rows). The flags are part of the library's name, so a cache
 # shared with an AVX2-only machine never hands it this build.
 AVX512_FLAGS = ("-mavx512f", "-mavx512vl")
 LIBRARIES = ("-lm",)

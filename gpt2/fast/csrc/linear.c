@@ -26,7 +26,8 @@
  * (`group_all_rows` says why). Where the library is built for AVX-512
  * (build.py), WIDE_FROM_ROWS rows or more take 512-bit registers, each
  * holding two outputs' blocks (`wide_tile`): half the multiply-adds; from
- * PAIRS_FROM_ROWS rows, two groups at a time. Many rows of a long x (a
+ * PAIRS_FROM_ROWS rows, two groups at a time; int8 W takes them at every N
+ * (`int8_tile_wide`). Many rows of a long x (a
  * prefill, a big batch) go in blocks of rows that keep x in L2.
  *
  * Batch invariance: every output y[r][o] is summed in one fixed order, the
@@ -59,9 +60,9 @@
 #define MANY_ROWS 24 /* from here on, 4 outputs x SIDE_BY_SIDE_ROWS rows per tile */
 #define GROUP 4 /* rows of W packed together */
 #define K_STRETCH 8 /* blocks of k per turn of a group's two pairs (even: int8's two sets) */
-/* With N > 1, W is prefetched this far ahead into L2: the loop does enough
- * arithmetic per byte that the core alone keeps too few loads in flight.
- * At N = 1 the hardware prefetcher does better alone. */
+/* With N > 1, or int8 W, W is prefetched this far ahead into L2: the loop
+ * does enough arithmetic per byte that the core alone keeps too few loads in
+ * flight. At N = 1 in float32 the hardware prefetcher does better alone. */
 #define PREFETCH_BYTES 8192
 /* ... and, in the AVX-512 build, this far ahead into L1 as well: its loops
  * take W faster than L1's own prefetcher brings it from L2. */
@@ -121,7 +122,7 @@ static inline __attribute__((always_inline)) void group_few_rows(
         for (int j = 0; j < GROUP; j++)
             for (int r = 0; r < n_rows; r++) acc[set][j][r] = _mm256_setzero_ps();
     for (int64_t k = 0; k < blocks; k += sets) {
-        if (n_rows > 1) prefetch_ahead(w_group, k, sets, int8);
+        if (n_rows > 1 || int8) prefetch_ahead(w_group, k, sets, int8);
         for (int set = 0; set < sets && k + set < blocks; set++)
             for (int j = 0; j < GROUP; j++) {
                 const __m256 w = load_block(w_group, k + set, j, int8);
@@ -185,7 +186,7 @@ static inline __attribute__((always_inline)) void group_tile(
 }
 
 #ifdef __AVX512F__
-#define WIDE_FROM_ROWS 8 /* float32 passes of this many rows or more take `group_all_rows_wide` */
+#define WIDE_FROM_ROWS 6 /* float32 passes of this many rows or more take `group_all_rows_wide` */
 #define PAIRS_FROM_ROWS 32 /* ... and from this many, two groups at a time (`wide_tile`) */
 #define WIDE_ACCUMULATORS 24 /* + up to 4 registers of W + 1 of x, of 32 */
 #define WIDE_TILE_ROWS (WIDE_ACCUMULATORS / 2) /* a tile of one group: 2 registers per row */
@@ -253,6 +254,53 @@ static inline __attribute__((always_inline)) void wide_tile(
         }
 }
 
+/* y[r][o .. o + 3] for n_rows (1 to INT8_TILE_ROWS) rows of x, int8 W, with
+ * 512-bit registers: block k of outputs o + 2p and o + 2p + 1 are 16
+ * consecutive int8 of the packed group, widened into one register and
+ * multiplied by x[r][8k : 8k + 8] in both halves. Even and odd blocks go
+ * into two sets of sums, as in `group_few_rows` and `group_tile`: the same
+ * sums, bit for bit, at half the widenings and multiply-adds. */
+static inline __attribute__((always_inline)) void int8_tile_wide(
+    const float *x, const int8_t *w, const float *scale, const float *bias, float *y,
+    int64_t in, int64_t out, int64_t o, const int n_rows) {
+    const int64_t blocks = in / 8;
+    __m512 acc[2][2][INT8_TILE_ROWS]; /* [set][pair p][row r] */
+    for (int set = 0; set < 2; set++)
+        for (int p = 0; p < 2; p++)
+            for (int r = 0; r < n_rows; r++) acc[set][p][r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < blocks; k += 2) {
+        prefetch_ahead(w, k, 2, 1);
+        for (int set = 0; set < 2 && k + set < blocks; set++)
+            for (int p = 0; p < 2; p++) {
+                const __m128i q = _mm_loadu_si128((const __m128i *)(w + 8 * (GROUP * (k + set) + 2 * p)));
+                const __m512 wp = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+                for (int r = 0; r < n_rows; r++)
+                    acc[set][p][r] = _mm512_fmadd_ps(wp, load_twice(x + r * in + 8 * (k + set)), acc[set][p][r]);
+            }
+    }
+    for (int p = 0; p < 2; p++)
+        for (int r = 0; r < n_rows; r++) {
+            const __m512 sum = _mm512_add_ps(acc[0][p][r], acc[1][p][r]);
+            store_output(y + r * out, low_half(sum), scale, bias, out, o + 2 * p);
+            store_output(y + r * out, high_half(sum), scale, bias, out, o + 2 * p + 1);
+        }
+}
+
+/* A group's four outputs for all N rows, int8 W, INT8_TILE_ROWS rows at a time. */
+static inline __attribute__((always_inline)) void int8_all_rows_wide(
+    const float *x, const int8_t *w_group, const float *scale, const float *bias, float *y,
+    int64_t n, int64_t in, int64_t out, int64_t o) {
+    for (int64_t r0 = 0; r0 < n; r0 += INT8_TILE_ROWS) {
+        const float *xt = x + r0 * in;
+        float *yt = y + r0 * out;
+        switch (n - r0 < INT8_TILE_ROWS ? n - r0 : INT8_TILE_ROWS) {
+            case 1: int8_tile_wide(xt, w_group, scale, bias, yt, in, out, o, 1); break;
+            case 2: int8_tile_wide(xt, w_group, scale, bias, yt, in, out, o, 2); break;
+            default: int8_tile_wide(xt, w_group, scale, bias, yt, in, out, o, INT8_TILE_ROWS); break;
+        }
+    }
+}
+
 /* n_groups (1 or 2) float32 groups' outputs for all N rows, in tiles of up
  * to WIDE_ACCUMULATORS / (2 n_groups) rows, near-equal in size. Only the
  * first tile reads the groups' W from memory; the others find it in cache,
@@ -299,7 +347,8 @@ static inline __attribute__((always_inline)) void group_all_rows_wide(
  * rows x 4 outputs load fewer values per multiply-add than 7 x 2); the two
  * pairs in turn, FLOAT_TILE_ROWS rows at a time, in between, where memory does.
  * In the AVX-512 build, float32 W from WIDE_FROM_ROWS rows on: the 512-bit
- * tiles, which prefetch w_next, the next group of the chunk (NULL: none). */
+ * tiles, which prefetch w_next, the next group of the chunk (NULL: none).
+ * (The AVX-512 build takes int8 W in `int8_all_rows_wide`.) */
 static inline __attribute__((always_inline)) void group_all_rows(
     const float *x, const void *w_group, const float *scale, const float *bias, float *y,
     int64_t n, int64_t in, int64_t out, int64_t o, const int int8, const char *w_next) {
@@ -379,6 +428,15 @@ static void finish(float *y, const float *residual, int gelu, int64_t count) {
     }
 }
 
+/* Outputs [4 g_begin, 4 g_end) of every row of y (N, OUT), a chunk's: GELU, then the residual. */
+static void finish_chunk(float *y, const float *residual, int gelu, int64_t n, int64_t out, int64_t g_begin,
+                         int64_t g_end) {
+    if (!gelu && !residual) return;
+    const int64_t c_begin = GROUP * g_begin, c_end = GROUP * g_end < out ? GROUP * g_end : out;
+    for (int64_t r = 0; r < n; r++)
+        finish(y + r * out + c_begin, residual ? residual + r * out + c_begin : NULL, gelu, c_end - c_begin);
+}
+
 /* x: (N, IN) row-major; packed: (ceil(OUT / 4), IN / 8, 4, 8), float32, or
  * int8 with scale: (OUT,) the rows' scales (NULL for float32); bias: (OUT,)
  * or NULL; y: (N, OUT) row-major, every element written.
@@ -412,6 +470,19 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
     int64_t chunk = groups / (CHUNKS_PER_THREAD * omp_get_max_threads());
     chunk = chunk < 2 ? 2 : chunk;
     const int64_t chunks = (groups + chunk - 1) / chunk;
+#ifdef __AVX512F__
+    if (scale) { /* int8 W in a loop of its own: in the float32 loop, it made the compiler lay that out slower */
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t g_begin = c * chunk, g_end = g_begin + chunk < groups ? g_begin + chunk : groups;
+            for (int64_t g = g_begin; g < g_end; g++)
+                int8_all_rows_wide(x, (const int8_t *)packed + g * group_bytes, scale, bias, y, n, in, out, GROUP * g);
+            finish_chunk(y, residual, gelu, n, out, g_begin, g_end);
+        }
+        free(normed);
+        return;
+    }
+#endif
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t c = 0; c < chunks; c++) {
         const int64_t g_begin = c * chunk, g_end = g_begin + chunk < groups ? g_begin + chunk : groups;
@@ -430,11 +501,7 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
                 group_all_rows(x, w_group, NULL, bias, y, n, in, out, GROUP * g, 0,
                                g + 1 < g_end ? (const char *)w_group + group_bytes : NULL);
         }
-        if (gelu || residual) { /* this chunk's outputs [4 g_begin, 4 g_end) of every row */
-            const int64_t c_begin = GROUP * g_begin, c_end = GROUP * g_end < out ? GROUP * g_end : out;
-            for (int64_t r = 0; r < n; r++)
-                finish(y + r * out + c_begin, residual ? residual + r * out + c_begin : NULL, gelu, c_end - c_begin);
-        }
+        finish_chunk(y, residual, gelu, n, out, g_begin, g_end);
     }
     free(normed);
 }
