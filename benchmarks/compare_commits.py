@@ -82,7 +82,7 @@ g = torch.Generator().manual_seed(1)
 prefix, drafts, prompt = (torch.randint(V, (1, n), generator=g) for n in (cached, max(ks), prompt_len))
 cache, batch, draft_cache = target.new_cache(1), target.new_cache(rows), draft.new_cache(1)
 
-def verify(k, cache=cache, tokens=drafts, model=target):
+def timed_pass(k, cache=cache, tokens=drafts, model=target):
     t0 = time.perf_counter()
     model(tokens[:, :k], cache)
     seconds = time.perf_counter() - t0
@@ -95,18 +95,18 @@ with torch.inference_mode():
     draft(prefix, draft_cache)
 
     def batch_step():
-        return verify(1, batch, drafts[:, :1].expand(rows, -1))  # (rows, 1): one new token per row
+        return timed_pass(1, batch, drafts[:, :1].expand(rows, -1))  # (rows, 1): one new token per row
 
     def draft_step():
-        return verify(1, draft_cache, model=draft)
+        return timed_pass(1, draft_cache, model=draft)
 
-    verify(1), batch_step(), draft_step(), [verify(k) for k in ks]
+    timed_pass(1), batch_step(), draft_step(), [timed_pass(k) for k in ks]
     reference = generate(target, prompt, new_tokens)
     print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() == "costs":
-            print(json.dumps({"step": verify(1), "rows": batch_step(), "draft": draft_step(),
-                              **{f"k={k}": verify(k) for k in ks}}), flush=True)
+            print(json.dumps({"step": timed_pass(1), "rows": batch_step(), "draft": draft_step(),
+                              **{f"k={k}": timed_pass(k) for k in ks}}), flush=True)
             continue
         t0 = time.perf_counter()
         plain = generate(target, prompt, new_tokens)

@@ -53,7 +53,8 @@
 /* A tile: one pair of outputs times up to 7 rows of x, 14 accumulators + 2
  * registers of W in AVX2's 16 registers. int8 keeps two sets of accumulators
  * (a multiply-add then never waits for the previous one; the int8 loop is
- * bound by that latency), so its tiles take 3 rows. */
+ * bound by that latency), so its tiles take 3 rows (and so do the AVX-512
+ * build's int8 tiles, `int8_tile_wide`: 12 of its 32 registers). */
 #define FLOAT_TILE_ROWS 7
 #define INT8_TILE_ROWS 3
 #define SIDE_BY_SIDE_ROWS 3 /* rows of a tile that takes a group's four outputs at once */
@@ -488,7 +489,7 @@ void few_rows_linear(const float *x, const void *packed, const float *scale, con
         const int64_t g_begin = c * chunk, g_end = g_begin + chunk < groups ? g_begin + chunk : groups;
         for (int64_t g = g_begin; g < g_end; g++) {
             const void *w_group = (const char *)packed + g * group_bytes;
-            if (scale)
+            if (scale) /* the AVX2 build's int8 (the AVX-512 build took it in the loop above) */
                 group_all_rows(x, w_group, scale, bias, y, n, in, out, GROUP * g, 1, NULL);
 #ifdef __AVX512F__
             else if (n >= PAIRS_FROM_ROWS && g + 1 < g_end) { /* this group and the next, with the two after */
