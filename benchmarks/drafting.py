@@ -8,7 +8,7 @@ Parts (--parts, all by default):
   draft model (gpt2 shape), simulated α in --alphas: the speedup over plain
   decoding of auto, of every fixed γ in --gammas (the best one found in the
   same run) and of the heuristic. auto learns α online from its own steps
-  (it is never told the simulated α). Then at α = --int8-alpha the same with
+  (it is never told the simulated α). Then at each α of --int8-alphas the same with
   the draft's weights in int8 (the target stays float32, so the output does).
   Timed runs see few realisations of the coins, so the same comparison is
   also made in expectation, over --model-seeds coin strings, by pricing each
@@ -189,7 +189,7 @@ def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: in
 def part_simulated(args, target, drafts: dict[str, GPT2], costs: dict[str, StepCosts], ids) -> dict:
     reference = generate(target, ids, args.max_gen)  # (1, T + max_gen): what every run must reproduce
     ref_list = reference[0].tolist()
-    cases = [("float32", a) for a in args.alphas] + [("int8", args.int8_alpha)]
+    cases = [("float32", a) for a in args.alphas] + [("int8", a) for a in args.int8_alphas]
     out = {}
     for draft_name, alpha in cases:
         draft = drafts[draft_name]
@@ -246,7 +246,7 @@ def expected_speedups(costs: StepCosts, alpha: float, max_gen: int, gammas: list
 
 
 def expected_table(args, costs: dict[str, StepCosts]) -> tuple[str, dict]:
-    cases = [("float32", a) for a in args.alphas] + [("int8", args.int8_alpha)]
+    cases = [("float32", a) for a in args.alphas] + [("int8", a) for a in args.int8_alphas]
     rows, report = [], {}
     for draft_name, alpha in cases:
         speedups = expected_speedups(costs[draft_name], alpha, args.max_gen, args.gammas, args.model_seeds)
@@ -420,8 +420,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--target", default="gpt2-large", help="target shape, random weights (default gpt2-large)")
     ap.add_argument("--draft", default="gpt2", help="draft shape, random weights (default gpt2)")
     ap.add_argument("--tiny", action="store_true", help="tiny random models instead (a smoke run)")
-    ap.add_argument("--alphas", type=float, nargs="+", default=[0.5, 0.6, 0.7, 0.8, 0.9])
-    ap.add_argument("--int8-alpha", type=float, default=0.8, help="simulated α of the int8-draft comparison")
+    ap.add_argument("--alphas", type=float, nargs="*", default=[0.5, 0.6, 0.7, 0.8, 0.9],
+                    help="simulated α of the float32 draft (none: skip it)")
+    ap.add_argument("--int8-alphas", type=float, nargs="*", default=[0.8],
+                    help="simulated α of the int8 draft (default 0.8; none: skip it)")
     ap.add_argument("--gammas", type=int, nargs="+", default=list(range(1, 9)), help="fixed γ tried (default 1 .. 8)")
     ap.add_argument("--ngram", type=int, default=3, help="the n-gram drafter's longest suffix (default 3)")
     ap.add_argument("--max-gen", type=int, default=64, help="tokens per run (default 64)")
@@ -443,8 +445,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if min(args.gammas) < 1:
         raise ValueError("--gammas must be >= 1")
-    if not all(0.0 <= a <= 1.0 for a in [*args.alphas, args.int8_alpha, *args.p_mins]):  # NaN too
-        raise ValueError("--alphas, --int8-alpha and --p-mins must lie in [0, 1]")
+    if not all(0.0 <= a <= 1.0 for a in [*args.alphas, *args.int8_alphas, *args.p_mins]):  # NaN too
+        raise ValueError("--alphas, --int8-alphas and --p-mins must lie in [0, 1]")
+    if "simulated" in args.parts and not args.alphas + args.int8_alphas:
+        raise ValueError("the simulated part needs an α: give --alphas or --int8-alphas")
     if not (math.isfinite(args.noise) and args.noise >= 0):
         raise ValueError(f"--noise must be a finite number >= 0, got {args.noise}")
     return args

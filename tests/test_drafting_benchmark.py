@@ -91,7 +91,8 @@ def test_auto_is_near_the_best_fixed_gamma_in_expectation(monkeypatch):
 
 @pytest.mark.parametrize("bad", [["--repeats", "0"], ["--gammas", "0"], ["--alphas", "1.5"], ["--ngram", "0"],
                                  ["--p-mins", "-0.1"], ["--noise", "nan"], ["--noise", "inf"], ["--noise", "-1"],
-                                 ["--threads", str(os.cpu_count() + 1)], ["--out", ""]])
+                                 ["--threads", str(os.cpu_count() + 1)], ["--out", ""], ["--int8-alphas", "-1"],
+                                 ["--parts", "simulated", "--alphas", "--int8-alphas"]])
 def test_bad_settings_are_one_line_and_exit_2(bad, capsys, tmp_path):
     short = ["--parts", "noisy", "--repeats", "1", "--max-gen", "4", "--noisy-prompts", "1", "--noisy-seeds", "1"]
     assert run_cli(main, ["--tiny", *short, "--out", str(tmp_path / "out"), *bad]) == 2
