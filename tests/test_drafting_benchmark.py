@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import drafting
 from benchmarks.common import run_cli
-from benchmarks.drafting import expected_speedups, held_out_best, main, modelled_seconds
+from benchmarks.drafting import expected_speedups, held_out_best, main, modelled_seconds, same_run_ratios
 from spec_decoding import AutoGamma, FixedGamma, StepCosts
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -38,7 +38,9 @@ def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path, prompt_to
     assert runs["fixed 2"]["alpha"] == runs["fixed 2"]["accepted"] / runs["fixed 2"]["judged"]
     assert "### The same in expectation (20 coin strings, cost model)" in report
     expected = json.loads((out / "drafting.json").read_text(encoding="utf-8"))["expected"]["int8 alpha 0.8"]
+    same_run = expected.pop("same run: auto / best")
     assert set(expected) == {"fixed 2", "fixed 3", "auto", "heuristic"} and all(v > 0 for v in expected.values())
+    assert len(same_run) == 10 and same_run == sorted(same_run)  # 20 coin strings in groups of --repeats 2
 
 
 COSTS = StepCosts(t_draft=0.2, t_verify=tuple(1.0 + 0.04 * (k - 1) for k in range(1, 14)))  # t_d, t_v(k) = 1 + 0.04 (k - 1)
@@ -51,6 +53,16 @@ def test_the_cost_model_prices_the_loops_steps():
     ks = [4, 4, 4, 4, 4, 4, 3, 2, 1, 0]
     assert modelled_seconds(FixedGamma(4), 0.0, 10, COSTS, random.Random(0)) == pytest.approx(
         sum(K * 0.2 + 1.0 + 0.04 * K for K in ks))
+
+
+def test_a_run_like_this_one_compares_auto_with_the_best_of_the_fixed_medians():
+    # Seconds on 4 coin strings, in groups of 2. Group 1: medians fixed 1 2.5, fixed 2 3.5, auto 3.0;
+    # group 2: fixed 1 5.0, fixed 2 3.0, auto 4.0. Auto over the best: 2.5 / 3.0 and 3.0 / 4.0, sorted.
+    runs = {"fixed 1": [2.0, 3.0, 5.0, 5.0], "fixed 2": [3.0, 4.0, 2.0, 4.0], "auto": [3.0, 3.0, 4.0, 4.0],
+            "heuristic": [1.0, 1.0, 1.0, 1.0]}
+    assert same_run_ratios(runs, 2) == pytest.approx([0.75, 2.5 / 3.0])
+    assert same_run_ratios(runs, 3) == pytest.approx([1.0])  # medians 3, 3, 3; the 4th string makes no group
+    assert same_run_ratios(runs, 5) == []
 
 
 def test_the_best_fixed_gamma_held_out_is_chosen_on_the_other_repeats():
