@@ -8,12 +8,15 @@ Parts (--parts, all by default):
   draft model (gpt2 shape), simulated α in --alphas: the speedup over plain
   decoding of auto, of every fixed γ in --gammas (the best one found in the
   same run) and of the heuristic. auto learns α online from its own steps
-  (it is never told the simulated α). Then at each α of --int8-alphas the same with
-  the draft's weights in int8 (the target stays float32, so the output does).
-  Timed runs see few realisations of the coins, so the same comparison is
-  also made in expectation, over --model-seeds coin strings, by pricing each
-  schedule's steps at the calibrated costs (`expected_speedups`): there the
-  best fixed γ for an α is the one best on average, not the luckiest draw.
+  (it is never told the simulated α). Then at each α of --int8-alphas the
+  same with the draft's weights in int8 (the target stays float32, so the
+  output does). Timed runs see few realisations of the coins, so the same
+  comparison is also made in expectation, over --model-seeds coin strings,
+  by pricing each schedule's steps at the calibrated costs
+  (`expected_speedups`): there the best fixed γ for an α is the one best on
+  average, not the luckiest draw; and those strings, in groups of
+  --repeats, show how far the coins alone move a timed run's comparison
+  (`same_run_ratios`).
 - ngram: prompt lookup on a repetitive prompt (a paragraph quoted, then asked
   for again) with the same target. The weights are random, so the target
   does not copy the paragraph; but its greedy output soon falls into loops,
