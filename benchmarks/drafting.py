@@ -27,11 +27,12 @@ Parts (--parts, all by default):
   drafts (drafted - accepted) and tokens per target call; the acceptance
   change from an int8 draft; prompt lookup on the small target.
 
-Timing: in each repeat, plain decoding runs before, between every two and
-after the methods (in rotated order); a method's speedup is the median over
-repeats of the mean of the plain runs around it over its own time. Every run
-emits exactly --max-gen tokens (no EOS) and is checked to reproduce plain
-greedy decoding token for token.
+Timing: in each repeat, plain decoding and every method run in lockstep
+(benchmarks/lockstep.py): they take turns step by step, so a swing of the
+machine's speed lands on all of them at the same point of their runs; a
+method's speedup is the median over repeats of plain decoding's seconds over
+its own. Every run emits exactly --max-gen tokens (no EOS) and is checked to
+reproduce plain greedy decoding token for token.
 
 Usage:
     python -m benchmarks.drafting                              # everything, modest settings
@@ -68,6 +69,7 @@ from benchmarks.common import (
     shape,
     write_json,
 )
+from benchmarks.lockstep import current, lockstep
 from benchmarks.prompts import PROMPTS
 from benchmarks.sweep_report import pooled
 from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
@@ -107,25 +109,44 @@ NOISY_BLOCK_STD, NOISY_WTE_STD = 0.05, 0.2
 # ---------------------------------------------------------------------------
 
 
-def timed(fn: Callable[[], tuple[torch.Tensor, SpecStats | None]], device: torch.device):
-    """(seconds, output, stats) of one call."""
-    t0 = clock(device)
-    out, stats = fn()
-    return clock(device) - t0, out, stats
-
-
 def plain_run(target: GPT2, ids: torch.Tensor, max_gen: int):
-    return lambda: (generate(target, ids, max_gen), None)
+    """A lockstep method (benchmarks/lockstep.py): plain greedy decoding,
+    pausing before each of its target passes."""
+
+    def run(pause):
+        me, passes = current(), 0
+
+        def before_pass(module, args):  # the target is shared: pause before this method's passes only
+            nonlocal passes
+            if current() is me:
+                pause(max(passes - 1, 0))  # the first pass is the prefill; each later one emits a token
+                passes += 1
+
+        hook = target.register_forward_pre_hook(before_pass)
+        try:
+            return generate(target, ids, max_gen), None
+        finally:
+            hook.remove()
+
+    return run
 
 
 def spec_run(target: GPT2, drafter_fn, ids: torch.Tensor, max_gen: int, schedule_fn, temperature=0.0, seed=0):
-    """A zero-argument call of speculative_generate with a fresh drafter and schedule."""
+    """A lockstep method: speculative_generate with a fresh drafter and
+    schedule, pausing after each step; `run()` runs it on its own."""
 
-    def run():
+    def run(pause=None):
         generator = torch.Generator().manual_seed(seed)
+        tokens = 0
+
+        def on_step(new, accepted):
+            nonlocal tokens
+            tokens += len(new)
+            pause(tokens)
+
         return speculative_generate(
             target, drafter_fn(), ids, gamma=schedule_fn(), max_new_tokens=max_gen, temperature=temperature,
-            generator=generator,
+            generator=generator, on_step=None if pause is None else on_step,
         )
 
     return run
@@ -133,49 +154,38 @@ def spec_run(target: GPT2, drafter_fn, ids: torch.Tensor, max_gen: int, schedule
 
 def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: int, reference: list[int],
                  costs: StepCosts | None = None) -> dict:
-    """Times every method against plain decoding, in each repeat (in rotated
-    order) as: plain, two methods, plain, two methods, ..., plain. A method's
-    ratio is the mean of the plain runs just before and just after it over its
-    own time, so a machine whose speed drifts (a shared one) skews it little.
-    With `costs`, each run's steps are also priced by the cost model
-    (`modelled`: max_gen t_v(1) over the sum of its steps' K t_d + t_v(K + 1)),
-    a speedup free of the machine's swings.
+    """Times every method against plain decoding: each repeat runs plain
+    decoding and every method in lockstep (benchmarks/lockstep.py; who goes
+    first rotates between repeats), and a method's ratio is plain decoding's
+    seconds over its own in that repeat. With `costs`, each run's steps are
+    also priced by the cost model (`modelled`: max_gen t_v(1) over the sum of
+    its steps' K t_d + t_v(K + 1)), a speedup free of the machine's swings.
 
     Returns {method: {"speedup": median ratio, "ratios": [...], "seconds": [...],
     "modelled": [...], "stats": the last run's SpecStats dict, "alpha": α
     over every run, "gamma_hist": K asked, summed over the runs}}, and
     "plain": {"seconds": [...]}."""
-    device = target.device
     names = list(methods)
     results = {name: {"ratios": [], "seconds": [], "modelled": []} for name in names}
     runs = {name: [] for name in names}  # every run's SpecStats
     plain_seconds = []
-
-    def plain() -> float:
-        seconds, out, _ = timed(plain_run(target, ids, max_gen), device)
-        assert out[0].tolist() == reference, "plain decoding changed between runs"
-        plain_seconds.append(seconds)
-        return seconds
-
     for r in range(repeats):
-        shift = r % len(names)
-        order = names[shift:] + names[:shift]
-        for i in range(0, len(order), 2):
-            before = plain() if i == 0 else after
-            pair = {}
-            for name in order[i : i + 2]:
-                seconds, out, stats = timed(methods[name], device)
-                assert out[0].tolist() == reference, f"{name}: the output differs from plain greedy decoding"
-                pair[name] = seconds
-                results[name]["seconds"].append(seconds)
-                results[name]["stats"] = stats.to_dict()
-                runs[name].append(stats)
-                if costs is not None:
-                    steps = sum(n * costs.step_seconds(K) for K, n in enumerate(stats.gamma_hist))
-                    results[name]["modelled"].append(max_gen * costs.t_verify[0] / steps)
-            after = plain()
-            for name, seconds in pair.items():
-                results[name]["ratios"].append((before + after) / 2 / seconds)
+        order = ["plain", *names]
+        order = order[r % len(order) :] + order[: r % len(order)]
+        timed = lockstep({name: plain_run(target, ids, max_gen) if name == "plain" else methods[name]
+                          for name in order}, lambda: clock(target.device))
+        plain, (out, _) = timed.pop("plain")
+        assert out[0].tolist() == reference, "plain decoding changed between runs"
+        plain_seconds.append(plain)
+        for name, (seconds, (out, stats)) in timed.items():
+            assert out[0].tolist() == reference, f"{name}: the output differs from plain greedy decoding"
+            results[name]["seconds"].append(seconds)
+            results[name]["ratios"].append(plain / seconds)
+            results[name]["stats"] = stats.to_dict()
+            runs[name].append(stats)
+            if costs is not None:
+                steps = sum(n * costs.step_seconds(K) for K, n in enumerate(stats.gamma_hist))
+                results[name]["modelled"].append(max_gen * costs.t_verify[0] / steps)
     for name in names:
         total = pooled(runs[name])
         results[name].update(speedup=statistics.median(results[name]["ratios"]), accepted=total.accepted,
@@ -506,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         report["costs"] = {name: {"t_draft": c.t_draft, "t_verify": c.t_verify} for name, c in costs.items()}
         report["simulated"] = part_simulated(args, target, drafts, costs, ids)
         lines += ["## auto against fixed γ and +2/-1 (simulated α)", "", simulated_table(report["simulated"]), "",
-                  "Speedups: timed, against the plain runs just before and after (medians over repeats). 'best "
+                  "Speedups: timed, plain decoding's seconds over the method's, all run in lockstep (medians over repeats). 'best "
                   "held out': in each repeat, the fixed γ best over the other repeats, at its ratio in that repeat "
                   "(the best of several noisy medians is biased upward). Every "
                   "method's r-th run sees the same simulated coins (one per position, seed --seed + r); measured "

@@ -33,7 +33,7 @@ from gpt2.model import GPT2
 
 from .stats import clock
 
-CONTEXT = 64  # tokens in the KV caches while timing (the attention term is small at any length)
+CONTEXT = 256  # tokens in the KV caches while timing: a pass's cost grows with it, t_v(k) faster for larger k
 ROUNDS = 5  # each kind of pass is timed once per round; the median over rounds is kept
 
 
@@ -80,10 +80,13 @@ def non_decreasing(values: list[float]) -> tuple[float, ...]:
 @torch.inference_mode()
 def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = ROUNDS) -> StepCosts:
     """Times t_d and t_v(k), k = 1 .. max_tokens, now: in `rounds` rounds that
-    each time one pass of every kind (so a slow phase of a shared machine hits
-    every kind alike), after one untimed warm-up round. Medians over rounds.
-    Every k is timed: t_v(k) is not smooth in k (the kernels work on groups
-    of rows, so it rises in steps), and the best K often sits at a step."""
+    each time one pass of every kind, after one untimed warm-up round. A
+    shared machine's speed swings from one second to the next, and auto's
+    choice depends on the costs' ratios, not their level: so each pass is
+    taken relative to t_v(1) of its own round, and a cost is the median of
+    its ratios times the median t_v(1). Every k is timed: t_v(k) is not
+    smooth in k (the kernels work on groups of rows, so it rises in steps),
+    and the best K often sits at a step."""
     ks = range(1, max_tokens + 1)
     device = target.device
     models = {"target": target} if draft is None else {"target": target, "draft": draft}
@@ -111,8 +114,13 @@ def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = 
             caches[name].rewind(lengths[name])
             if round_ > 0:  # round 0 warms up
                 seconds[(name, k)].append(t1 - t0)
-    t_verify = non_decreasing([statistics.median(seconds[("target", k)]) for k in ks])
-    t_draft = statistics.median(seconds[("draft", 1)]) if draft is not None else 0.0
+    plain = seconds[("target", 1)]  # t_v(1) of each round
+
+    def cost(kind: tuple[str, int]) -> float:
+        return statistics.median(plain) * statistics.median(t / p for t, p in zip(seconds[kind], plain))
+
+    t_verify = non_decreasing([cost(("target", k)) for k in ks])
+    t_draft = cost(("draft", 1)) if draft is not None else 0.0
     return StepCosts(t_draft=t_draft, t_verify=t_verify)
 
 

@@ -1,0 +1,87 @@
+"""benchmarks/lockstep.py: methods take turns by tokens so far, each is timed
+over its own turns only, inference mode survives the first method to finish,
+and an error in a method reaches the caller. A fake clock stands in for time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.drafting import plain_run
+from benchmarks.lockstep import lockstep
+from gpt2 import generate
+from helpers import TINY, tiny_gpt2
+
+
+def stepper(name: str, tokens_per_step: int, seconds_per_step: float, steps: int, now: list[float], log: list):
+    """A method whose steps advance the fake clock `now` and are logged."""
+
+    def call(pause):
+        tokens = 0
+        for _ in range(steps):
+            now[0] += seconds_per_step
+            tokens += tokens_per_step
+            log.append((name, tokens))
+            pause(tokens)
+        now[0] += 0.5  # after the last pause: still this method's time
+        return name.upper()
+
+    return call
+
+
+def test_the_method_with_the_fewest_tokens_runs_and_each_is_timed_over_its_own_turns():
+    now, log = [0.0], []
+    timed = lockstep({"a": stepper("a", 1, 1.0, 6, now, log), "b": stepper("b", 3, 5.0, 2, now, log)},
+                     clock=lambda: now[0])
+    # Both at 0: a (the first name); then b (0 < 1); a until it passes b's 3 (a tie goes to a); b; a to the end.
+    assert log == [("a", 1), ("b", 3), ("a", 2), ("a", 3), ("a", 4), ("b", 6), ("a", 5), ("a", 6)]
+    # The fake clock ran 6 + 10 + 1 seconds in all; each method is charged its own steps only.
+    assert timed == {"a": (6.5, "A"), "b": (10.5, "B")}
+
+
+def test_inference_mode_stays_on_for_a_method_that_outlives_another():
+    seen = []
+
+    @torch.inference_mode()
+    def short(pause):
+        pause(1)
+
+    @torch.inference_mode()
+    def long(pause):
+        for tokens in range(1, 4):
+            pause(tokens)
+            seen.append(torch.is_inference_mode_enabled())
+
+    assert not torch.is_inference_mode_enabled()
+    lockstep({"short": short, "long": long}, clock=lambda: 0.0)
+    assert seen == [True, True, True]  # "short" left inference mode before "long" resumed for the last time
+    assert not torch.is_inference_mode_enabled()
+
+
+def test_an_error_in_a_method_reaches_the_caller():
+    def broken(pause):
+        pause(1)
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        lockstep({"ok": lambda pause: pause(5), "broken": broken}, clock=lambda: 0.0)
+
+
+def test_plain_decoding_pauses_before_its_own_passes_only():
+    model = tiny_gpt2(TINY, seed=0)
+    ids = torch.tensor([[1, 2, 3]])
+    paused = []
+
+    def plain(pause):
+        return plain_run(model, ids, 4)(lambda tokens: (paused.append(tokens), pause(tokens)))
+
+    def other(pause):  # passes of the same model between plain's turns
+        for tokens in range(1, 6):
+            model(ids)
+            pause(tokens)
+
+    timed = lockstep({"plain": plain, "other": other}, clock=lambda: 0.0)
+    out, _ = timed["plain"][1]
+    assert out.tolist() == generate(model, ids, 4).tolist()
+    assert paused == [0, 0, 1, 2, 3]  # before the prefill, then before each token's pass; not before "other"'s
+    assert not model._forward_pre_hooks  # the hook is gone after the run
