@@ -69,7 +69,7 @@ from benchmarks.common import (
     shape,
     write_json,
 )
-from benchmarks.lockstep import current, lockstep
+from benchmarks.lockstep import lockstep, plain_decoding
 from benchmarks.prompts import PROMPTS
 from benchmarks.sweep_report import pooled
 from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
@@ -107,28 +107,6 @@ NOISY_BLOCK_STD, NOISY_WTE_STD = 0.05, 0.2
 # ---------------------------------------------------------------------------
 # Runs
 # ---------------------------------------------------------------------------
-
-
-def plain_run(target: GPT2, ids: torch.Tensor, max_gen: int):
-    """A lockstep method (benchmarks/lockstep.py): plain greedy decoding,
-    pausing before each of its target passes."""
-
-    def run(pause):
-        me, passes = current(), 0
-
-        def before_pass(module, args):  # the target is shared: pause before this method's passes only
-            nonlocal passes
-            if current() is me:
-                pause(max(passes - 1, 0))  # the first pass is the prefill; each later one emits a token
-                passes += 1
-
-        hook = target.register_forward_pre_hook(before_pass)
-        try:
-            return generate(target, ids, max_gen), None
-        finally:
-            hook.remove()
-
-    return run
 
 
 def spec_run(target: GPT2, drafter_fn, ids: torch.Tensor, max_gen: int, schedule_fn, temperature=0.0, seed=0):
@@ -172,9 +150,9 @@ def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: in
     for r in range(repeats):
         order = ["plain", *names]
         order = order[r % len(order) :] + order[: r % len(order)]
-        timed = lockstep({name: plain_run(target, ids, max_gen) if name == "plain" else methods[name]
+        timed = lockstep({name: plain_decoding(target, ids, max_gen) if name == "plain" else methods[name]
                           for name in order}, lambda: clock(target.device))
-        plain, (out, _) = timed.pop("plain")
+        plain, out = timed.pop("plain")
         assert out[0].tolist() == reference, "plain decoding changed between runs"
         plain_seconds.append(plain)
         for name, (seconds, (out, stats)) in timed.items():

@@ -9,24 +9,35 @@ step boundary, where it pauses. Every method thus reaches its k-th token at
 about the same moment, and a slow phase lands on all of them at the same
 point of their runs. A method's seconds are the sum of its own turns, and its
 result is what its call returned: lockstep changes when the work is done,
-not what is computed.
+not what is computed. (Every method's KV caches are alive at once.)
 
 The methods are greenlets (coroutines with their own stacks) on the calling
 thread, not threads: each OS thread that runs PyTorch or the C kernels gets
 an OpenMP pool of its own, and with more pooled threads than cores OpenMP
 puts idle workers to sleep after a few spins, which makes every parallel
-loop wait for a wake-up. A pass of the gpt2 shape then takes 1.3x as long
+loop wait for a wake-up, so that a pass of the gpt2 shape took 1.3x as long
 (docs/performance.md). One thread keeps one pool.
+
+    python -m benchmarks.lockstep     # checks this machine: lockstep, a thread and the plain call compared
 """
 
 from __future__ import annotations
 
+import argparse
+import shlex
+import statistics
+import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from greenlet import greenlet
+
+from benchmarks.common import markdown_table, random_model, run_cli, set_threads, shape
+from gpt2 import GPT2, generate
 
 # A method: called with `pause`, which it calls at each step boundary with its
 # token count so far; returns its result.
@@ -72,9 +83,89 @@ def lockstep(methods: dict[str, Method], clock: Callable[[], float]) -> dict[str
     for r in runners.values():
         r.coroutine = greenlet(lambda r=r: body(r))
         by_coroutine[r.coroutine] = r
-    # Every method enters and leaves inference mode (a thread-wide state) from
-    # inside it, so whichever finishes first leaves it on for the others.
+    # Inference mode is a thread-wide state that a method sets on entry and
+    # restores on exit: on from here, it stays on whichever method ends first.
     with torch.inference_mode():
         while active := [r for r in runners.values() if not r.done]:
             min(active, key=lambda r: r.tokens).coroutine.switch()  # min keeps the first of equals
     return {name: (r.seconds, r.result) for name, r in runners.items()}
+
+
+def plain_decoding(target: GPT2, ids: torch.Tensor, max_gen: int) -> Method:
+    """Plain greedy decoding (`gpt2.generate`) as a lockstep method: it
+    pauses before each of its own target passes."""
+
+    def run(pause):
+        me, passes = current(), 0
+
+        def before_pass(module, args):  # the target may be shared: pause before this method's passes only
+            nonlocal passes
+            if current() is me:
+                pause(max(passes - 1, 0))  # the first pass is the prefill; each later one emits a token
+                passes += 1
+
+        hook = target.register_forward_pre_hook(before_pass)
+        try:
+            return generate(target, ids, max_gen)
+        finally:
+            hook.remove()
+
+    return run
+
+
+def check(shape_name: str, tokens: int, repeats: int) -> list[str]:
+    """One row: plain decoding of `tokens` tokens alone in lockstep and in an
+    OS thread, each over the mean of plain calls just before and after it
+    (medians over repeats), and two plain decodings in lockstep: their
+    largest time ratio."""
+    model = random_model(shape(shape_name), seed=0)
+    ids = torch.tensor([[464, 1893, 286, 4881]])  # "The history of France"
+    generate(model, ids, 4)  # warm-up
+
+    def called() -> float:
+        start = time.perf_counter()
+        generate(model, ids, tokens)
+        return time.perf_counter() - start
+
+    def in_thread() -> float:
+        box = []
+        thread = threading.Thread(target=lambda: box.append(called()))
+        thread.start()
+        thread.join()
+        return box[0]
+
+    alone, thread, pair = [], [], []
+    for _ in range(repeats):
+        before = called()
+        alone.append(lockstep({"plain": plain_decoding(model, ids, tokens)}, time.perf_counter)["plain"][0])
+        thread.append(in_thread())
+        two = lockstep({"a": plain_decoding(model, ids, tokens), "b": plain_decoding(model, ids, tokens)},
+                       time.perf_counter)
+        after = called()
+        alone[-1] /= (before + after) / 2
+        thread[-1] /= (before + after) / 2
+        pair.append(max(two["a"][0], two["b"][0]) / min(two["a"][0], two["b"][0]))
+    return [shape_name, str(tokens), f"{statistics.median(alone):.3f}", f"{statistics.median(thread):.3f}",
+            f"{max(pair):.3f}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.lockstep",
+                                 description="Checks that lockstep timing leaves a pass's speed alone.")
+    ap.add_argument("--repeats", type=int, default=6, help="repeats (default 6)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--tiny", action="store_true", help="a tiny random model instead (a smoke run)")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        raise ValueError("--repeats must be >= 1")
+    set_threads(args.threads)
+    cases = [("tiny", 8)] if args.tiny else [("gpt2", 120), ("gpt2-large", 30)]
+    rows = [check(name, tokens, args.repeats) for name, tokens in cases]
+    print(f"`{shlex.join(['python', '-m', 'benchmarks.lockstep', *(argv if argv is not None else sys.argv[1:])])}`\n")
+    print(markdown_table(["shape (random weights)", "tokens", "in lockstep / called", "in a thread / called",
+                          "two in lockstep: slower / faster, the largest"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

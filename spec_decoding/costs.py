@@ -35,6 +35,7 @@ from .stats import clock
 
 CONTEXT = 256  # tokens in the KV caches while timing: a pass's cost grows with it, t_v(k) faster for larger k
 ROUNDS = 5  # each kind of pass is timed once per round; the median over rounds is kept
+Kind = tuple[str, int]  # a kind of pass: ("target" or "draft", tokens in it)
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,9 @@ def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = 
     each time one pass of every kind, after one untimed warm-up round. A
     shared machine's speed swings from one second to the next, and auto's
     choice depends on the costs' ratios, not their level: so each pass is
-    taken relative to t_v(1) of its own round, and a cost is the median of
-    its ratios times the median t_v(1). Every k is timed: t_v(k) is not
-    smooth in k (the kernels work on groups of rows, so it rises in steps),
-    and the best K often sits at a step."""
+    taken relative to t_v(1) of its own round (`relative_medians`). Every k
+    is timed: t_v(k) is not smooth in k (the kernels work on groups of rows,
+    so it rises in steps), and the best K often sits at a step."""
     ks = range(1, max_tokens + 1)
     device = target.device
     models = {"target": target} if draft is None else {"target": target, "draft": draft}
@@ -104,7 +104,7 @@ def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = 
         if lengths[name] > 0:
             model(context, caches[name], last_logits_only=True)
     passes = [("target", k) for k in ks] + ([("draft", 1)] if draft is not None else [])
-    seconds: dict[tuple[str, int], list[float]] = {p: [] for p in passes}
+    seconds: dict[Kind, list[float]] = {p: [] for p in passes}
     for round_ in range(rounds + 1):
         for name, k in passes:
             tokens = torch.arange(k, device=device)[None] % models[name].config.vocab_size  # (1, k)
@@ -114,14 +114,19 @@ def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = 
             caches[name].rewind(lengths[name])
             if round_ > 0:  # round 0 warms up
                 seconds[(name, k)].append(t1 - t0)
-    plain = seconds[("target", 1)]  # t_v(1) of each round
+    cost = relative_medians(seconds, ("target", 1))
+    t_verify = non_decreasing([cost[("target", k)] for k in ks])
+    return StepCosts(t_draft=cost.get(("draft", 1), 0.0), t_verify=t_verify)
 
-    def cost(kind: tuple[str, int]) -> float:
-        return statistics.median(plain) * statistics.median(t / p for t, p in zip(seconds[kind], plain))
 
-    t_verify = non_decreasing([cost(("target", k)) for k in ks])
-    t_draft = cost(("draft", 1)) if draft is not None else 0.0
-    return StepCosts(t_draft=t_draft, t_verify=t_verify)
+def relative_medians(seconds: dict[Kind, list[float]], reference: Kind) -> dict[Kind, float]:
+    """Each kind's typical seconds from per-round timings, `seconds[kind][r]`
+    for round r: the median over rounds of its ratio to `reference` in the same
+    round, times the reference's median. A round in which the whole machine
+    ran slower moves no ratio."""
+    ref = seconds[reference]
+    return {kind: statistics.median(ref) * statistics.median(t / r for t, r in zip(times, ref))
+            for kind, times in seconds.items()}
 
 
 def default_cache_dir() -> Path:

@@ -1,14 +1,15 @@
 """benchmarks/lockstep.py: methods take turns by tokens so far, each is timed
 over its own turns only, inference mode survives the first method to finish,
-and an error in a method reaches the caller. A fake clock stands in for time."""
+and an error in a method reaches the caller. A fake clock stands in for time;
+the self-check's table is run on a tiny model (its figures are not asserted)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from benchmarks.drafting import plain_run
-from benchmarks.lockstep import lockstep
+from benchmarks.common import run_cli
+from benchmarks.lockstep import lockstep, main, plain_decoding
 from gpt2 import generate
 from helpers import TINY, tiny_gpt2
 
@@ -73,7 +74,7 @@ def test_plain_decoding_pauses_before_its_own_passes_only():
     paused = []
 
     def plain(pause):
-        return plain_run(model, ids, 4)(lambda tokens: (paused.append(tokens), pause(tokens)))
+        return plain_decoding(model, ids, 4)(lambda tokens: (paused.append(tokens), pause(tokens)))
 
     def other(pause):  # passes of the same model between plain's turns
         for tokens in range(1, 6):
@@ -81,7 +82,18 @@ def test_plain_decoding_pauses_before_its_own_passes_only():
             pause(tokens)
 
     timed = lockstep({"plain": plain, "other": other}, clock=lambda: 0.0)
-    out, _ = timed["plain"][1]
+    out = timed["plain"][1]
     assert out.tolist() == generate(model, ids, 4).tolist()
     assert paused == [0, 0, 1, 2, 3]  # before the prefill, then before each token's pass; not before "other"'s
     assert not model._forward_pre_hooks  # the hook is gone after the run
+
+
+def test_the_self_check_prints_its_table(capsys):
+    assert run_cli(main, ["--tiny", "--repeats", "1"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split("|")
+    assert row[1].strip() == "tiny" and all(float(cell) > 0 for cell in row[3:6])
+
+
+def test_the_self_check_refuses_bad_settings(capsys):
+    assert run_cli(main, ["--repeats", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --repeats must be >= 1"

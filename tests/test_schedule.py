@@ -13,6 +13,7 @@ schedule (it must not) is tested in test_drafting.py and test_drafting_lossless.
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ import torch
 import spec_decoding.costs
 from gpt2 import GPT2Config
 from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, StepCosts, best_gamma, calibrate
-from spec_decoding.costs import non_decreasing
+from spec_decoding.costs import non_decreasing, relative_medians
 from spec_decoding.drafters import ModelDrafter, NgramDrafter
 from spec_decoding.schedule import expected_rate, make_schedule, posterior_tokens
 from helpers import tiny_gpt2
@@ -213,6 +214,16 @@ def test_bad_gamma_values_say_what_is_allowed(gamma):
 
 def test_measured_verification_costs_are_made_non_decreasing():
     assert non_decreasing([1.0, 0.9, 2.0, 1.5, 2.5]) == (1.0, 1.0, 2.0, 2.0, 2.5)
+
+
+def test_calibration_takes_each_pass_relative_to_its_rounds_plain_pass():
+    # Rounds at machine speeds 1, 1/1.1 and 1/3 (true costs: t_v(1) 1, t_v(2) 1.2, t_d 0.2), and one
+    # noisy 2-token pass in round 0 (1.35 where 1.2 is due). Ratios within a round cancel the speed.
+    seconds = {("target", 1): [1.0, 1.1, 3.0], ("target", 2): [1.35, 1.32, 3.6], ("draft", 1): [0.2, 0.22, 0.6]}
+    costs = relative_medians(seconds, ("target", 1))
+    assert costs == pytest.approx({("target", 1): 1.1, ("target", 2): 1.32, ("draft", 1): 0.22})
+    # Medians kind by kind take t_v(2) from round 0 and t_v(1) from round 1: the noisy pass, a ratio of 1.23.
+    assert statistics.median(seconds[("target", 2)]) / statistics.median(seconds[("target", 1)]) > 1.22
 
 
 def test_step_costs_refuse_nonsense():
