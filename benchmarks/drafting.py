@@ -80,7 +80,6 @@ from spec_decoding import (
     ModelDrafter,
     NgramDrafter,
     SimulatedDrafter,
-    SpecStats,
     StepCosts,
     calibrate,
     speculative_generate,
@@ -494,9 +493,9 @@ def main(argv: list[str] | None = None) -> int:
         report["costs"] = {name: {"t_draft": c.t_draft, "t_verify": c.t_verify} for name, c in costs.items()}
         report["simulated"] = part_simulated(args, target, drafts, costs, ids)
         lines += ["## auto against fixed γ and +2/-1 (simulated α)", "", simulated_table(report["simulated"]), "",
-                  "Speedups: timed, plain decoding's seconds over the method's, all run in lockstep (medians over repeats). 'best "
-                  "held out': in each repeat, the fixed γ best over the other repeats, at its ratio in that repeat "
-                  "(the best of several noisy medians is biased upward). Every "
+                  "Speedups: timed, plain decoding's seconds over the method's, all run in lockstep (medians over "
+                  "repeats). 'best held out': in each repeat, the fixed γ best over the other repeats, at its ratio "
+                  "in that repeat (the best of several noisy medians is biased upward). Every "
                   "method's r-th run sees the same simulated coins (one per position, seed --seed + r); measured "
                   "α and the K auto asked: over every repeat. Cost model: each run's own steps priced at the "
                   "costs calibrated below, max_gen t_v(1) / sum of (K t_d + t_v(K + 1)), medians over repeats: "

@@ -34,7 +34,7 @@ from gpt2.model import GPT2
 from .stats import clock
 
 CONTEXT = 256  # tokens in the KV caches while timing: a pass's cost grows with it, t_v(k) faster for larger k
-ROUNDS = 5  # each kind of pass is timed once per round; the median over rounds is kept
+ROUNDS = 5  # each kind of pass is timed once per round (see relative_medians)
 Kind = tuple[str, int]  # a kind of pass: ("target" or "draft", tokens in it)
 
 
