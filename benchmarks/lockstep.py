@@ -119,7 +119,7 @@ def check(shape_name: str, tokens: int, repeats: int) -> list[str]:
     (medians over repeats), and two plain decodings in lockstep: their
     largest time ratio."""
     model = random_model(shape(shape_name), seed=0)
-    ids = torch.tensor([[464, 1893, 286, 4881]])  # "The history of France"
+    ids = torch.tensor([[464, 1893, 286, 4881]])  # "The president of France"
     generate(model, ids, 4)  # warm-up
 
     def called() -> float:
