@@ -40,8 +40,8 @@ from statistics import median
 import torch
 
 from benchmarks.common import build_pair, check_range, environment, environment_lines, markdown_table, results_dir
-from benchmarks.common import run_cli, set_threads, shape, write_json
-from benchmarks.decode_speed import BandwidthProbe, timed, weight_bytes
+from benchmarks.common import run_cli, say, set_threads, shape, timed, write_json
+from benchmarks.decode_speed import BandwidthProbe, weight_bytes
 from gpt2 import GPT2, fast, generate
 from gpt2.fast.quantize import matrix_weights
 from spec_decoding import SimulatedBatchDrafter, predicted_speedup, speculative_generate
@@ -51,10 +51,6 @@ GOAL_PLAIN_B8 = 5.0  # plain B = 8 against plain B = 1
 GOAL_SPEC_B2 = 1.3  # speculative B = 2 (best gamma) against plain B = 2
 MAX_B = 256  # rows of a pass at most (--batch-sizes, --step-batches): gpt2-large caches 0.37 MB a row and position
 SPREAD = 12  # prompt lengths differ from --prompt-len by up to this many tokens
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def make_prompts(B: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:

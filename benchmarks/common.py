@@ -26,6 +26,7 @@ from gpt2 import GPT2, GPT2Config, fast, init_random_weights, load_model, load_t
 from gpt2 import resolve_device, resolve_dtype
 from gpt2.fast.quantize import quantize_model_int8, resolve_quantize
 from gpt2.hub import resolve_source
+from spec_decoding.stats import clock
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
@@ -246,6 +247,18 @@ def encode_prompts(tokenizer, prompts: Sequence[tuple[str, str]], device: torch.
                    ) -> list[tuple[str, torch.Tensor]]:
     """(name, text) -> (name, (1, T) LongTensor of token ids on `device`)."""
     return [(name, torch.tensor([tokenizer.encode(text)], dtype=torch.long, device=device)) for name, text in prompts]
+
+
+def say(message: str) -> None:
+    """A progress line on stderr (stdout carries the report)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def timed(fn: Callable, *args, device: torch.device = torch.device("cpu")) -> float:
+    """Seconds that `fn(*args)` takes, the clock read after `device` has finished its queued work."""
+    t0 = clock(device)
+    fn(*args)
+    return clock(device) - t0
 
 
 def check_range(option: str, value: int | float, low: int | float, high: int | float, why: str = "") -> None:

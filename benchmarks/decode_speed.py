@@ -31,7 +31,8 @@ from statistics import median
 import torch
 
 from benchmarks.common import check_range, environment, environment_lines, logical_cpus, markdown_table
-from benchmarks.common import random_model, results_dir, run_cli, set_threads, shape, write_json
+from benchmarks.common import random_model, results_dir, run_cli, say, set_threads, shape, timed, write_json
+from benchmarks.lockstep import lockstep, plain_decoding, stepwise
 from gpt2 import GPT2, fast, generate
 from spec_decoding import SimulatedDrafter, TokenTree, speculative_generate
 from spec_decoding.stats import clock
@@ -44,17 +45,6 @@ SIM_ALPHA, SIM_GAMMA, SIM_PROMPT = 0.8, 4, 32  # the simulated speculative runs 
 SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    for _ in range(10**6): pass\n"
 SETTLE_S = 0.2  # after starting the spinners, before timing
 SETTLE_STEPS = 6  # untimed decode steps per phase with --busy (see `one_turn`)
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def timed(fn, *args) -> float:
-    """Seconds that `fn(*args)` takes."""
-    t0 = clock(CPU)
-    fn(*args)
-    return clock(CPU) - t0
 
 
 class BandwidthProbe:
@@ -331,8 +321,9 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
     """Greedy speculative decoding of --gen tokens after a SIM_PROMPT-token
     prompt with a `SimulatedDrafter` (alpha SIM_ALPHA, gamma SIM_GAMMA; repeat
     r draws its coins from seed --seed + r in both phases) against `generate`,
-    quiet and loaded: speedup = the median over repeats of baseline /
-    speculative seconds in the same phase of the same repeat."""
+    the two in lockstep (benchmarks/lockstep.py), quiet and loaded: speedup =
+    the median over repeats of baseline / speculative seconds in the same
+    phase of the same repeat."""
     say(f"[speedup] {args.draft} -> {args.models[-1]}, simulated alpha {SIM_ALPHA}, gamma {SIM_GAMMA}, "
         f"{args.gen} tokens, quiet and with {spinners.n} busy core(s) ...")
     target = random_model(shape(args.models[-1]), seed=args.seed)
@@ -342,18 +333,20 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
     reference = generate(target, prompt, args.gen)  # (1, P + gen): what the simulated drafter copies
     seconds = {phase: {"baseline": [], "speculative": []} for phase in ("quiet", "loaded")}
     runs = []  # the SpecStats of every counted speculative run
-    for rep, phase, kind in interleaved(["baseline", "speculative"], args, spinners):
-        t0 = clock(CPU)
-        if kind == "baseline":
-            generate(target, prompt, args.gen)
-        else:  # the drafter draws from seed --seed + repeat: both phases of a repeat get the same luck
+    for rep, phase, _ in interleaved(["both"], args, spinners):
+        def speculative(on_step):  # coins from seed --seed + repeat: both phases of a repeat get the same luck
             drafter = SimulatedDrafter(draft, reference, SIM_ALPHA, seed=args.seed + rep)
-            out, stats = speculative_generate(target, drafter, prompt, gamma=SIM_GAMMA, max_new_tokens=args.gen)
-        t = clock(CPU) - t0
-        assert kind == "baseline" or torch.equal(out, reference), "greedy speculative output must equal greedy decoding"
+            return speculative_generate(target, drafter, prompt, gamma=SIM_GAMMA, max_new_tokens=args.gen,
+                                        on_step=on_step)
+
+        methods = {"baseline": plain_decoding(target, prompt, args.gen), "speculative": stepwise(speculative)}
+        timed = lockstep(dict(reversed(methods.items())) if rep % 2 else methods, lambda: clock(CPU))
+        (base_s, _), (spec_s, (out, stats)) = timed["baseline"], timed["speculative"]
+        assert torch.equal(out, reference), "greedy speculative output must equal greedy decoding"
         if rep >= args.warmup:
-            seconds[phase][kind].append(t)
-            runs += [stats] if kind == "speculative" else []
+            seconds[phase]["baseline"].append(base_s)
+            seconds[phase]["speculative"].append(spec_s)
+            runs.append(stats)
     result = {"target": args.models[-1], "draft": args.draft, "alpha_sim": SIM_ALPHA, "gamma": SIM_GAMMA,
               "new_tokens": args.gen, "alpha": sum(r.alpha for r in runs) / len(runs),
               "tokens_per_target_call": sum(r.tokens_per_target_call for r in runs) / len(runs)}
@@ -427,7 +420,8 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
                   f"Greedy, random weights; `SimulatedDrafter` proposes the target's token with probability "
                   f"{speedup['alpha_sim']:g}, coins from seed --seed + repeat (measured α {speedup['alpha']:.3f}, "
                   f"{speedup['tokens_per_target_call']:.2f} tokens per target call, means over the runs). speedup: "
-                  "the median over repeats of `generate` seconds / speculative seconds in the same phase.", "",
+                  "the median over repeats of `generate` seconds / speculative seconds, the two run in lockstep in the "
+                  "same phase.", "",
                   markdown_table(["load", "speedup [min-max]", "baseline (s)", "speculative (s)"], [
                       [loads[p], f"{speedup[p]['speedup']:.2f} [{speedup[p]['speedup_min']:.2f}-"
                        f"{speedup[p]['speedup_max']:.2f}]", f"{speedup[p]['baseline_s']:.2f}",

@@ -69,7 +69,7 @@ from benchmarks.common import (
     shape,
     write_json,
 )
-from benchmarks.lockstep import lockstep, plain_decoding
+from benchmarks.lockstep import lockstep, plain_decoding, stepwise
 from benchmarks.prompts import PROMPTS
 from benchmarks.sweep_report import pooled
 from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
@@ -110,23 +110,10 @@ NOISY_BLOCK_STD, NOISY_WTE_STD = 0.05, 0.2
 
 def spec_run(target: GPT2, drafter_fn, ids: torch.Tensor, max_gen: int, schedule_fn, temperature=0.0, seed=0):
     """A lockstep method: speculative_generate with a fresh drafter and
-    schedule, pausing after each step; `run()` runs it on its own."""
-
-    def run(pause=None):
-        generator = torch.Generator().manual_seed(seed)
-        tokens = 0
-
-        def on_step(new, accepted):
-            nonlocal tokens
-            tokens += len(new)
-            pause(tokens)
-
-        return speculative_generate(
-            target, drafter_fn(), ids, gamma=schedule_fn(), max_new_tokens=max_gen, temperature=temperature,
-            generator=generator, on_step=None if pause is None else on_step,
-        )
-
-    return run
+    schedule, pausing after each step."""
+    return stepwise(lambda on_step: speculative_generate(
+        target, drafter_fn(), ids, gamma=schedule_fn(), max_new_tokens=max_gen, temperature=temperature,
+        generator=torch.Generator().manual_seed(seed), on_step=on_step))
 
 
 def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: int, reference: list[int],
@@ -371,7 +358,7 @@ def count_runs(target, make_drafter, prompts, max_gen, gamma_fn, temperature, se
     total = {"drafted": 0, "accepted": 0, "target_calls": 0, "new_tokens": 0, "draft_calls": 0, "judged": 0}
     for ids in prompts:
         for seed in seeds:
-            _, s = spec_run(target, make_drafter, ids, max_gen, gamma_fn, temperature, seed)()
+            _, s = spec_run(target, make_drafter, ids, max_gen, gamma_fn, temperature, seed)(lambda _: None)
             total["drafted"] += s.drafted
             total["accepted"] += s.accepted
             total["target_calls"] += s.target_calls

@@ -1,8 +1,9 @@
 """The gamma x max_gen sweep: the measured speedup of speculative decoding beside the one theory predicts from
-measured step costs (sweep_report.py), with token trees (tree_loop.py) beside the gammas on --tree. Each cell is
-timed against the baseline `gpt2.generate` on the same prompts, back to back in every repeat (reversed on odd
-repeats, so drift cancels); speedup is the median over repeats of baseline / speculative time. The step costs are
-timed in rounds between the runs (`ComponentTimer`). End-of-text is ignored: every run emits max_gen tokens.
+measured step costs (sweep_report.py), with token trees (tree_loop.py) beside the gammas on --tree. On each
+prompt the baseline `gpt2.generate` and every cell run in lockstep (benchmarks/lockstep.py: they take turns step
+by step, so a swing of the machine's speed lands on all of them alike); speedup is the median over repeats of
+baseline / speculative time. The step costs are timed in rounds between the prompts (`ComponentTimer`).
+End-of-text is ignored: every run emits max_gen tokens.
 
     python -m benchmarks.gamma_sweep                       # gpt2 -> gpt2-large, full sweep
     python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.8 --tree 2 3,1 "nodes 8 depth 4"
@@ -27,6 +28,7 @@ from tqdm import tqdm
 from benchmarks import sweep_report
 from benchmarks.common import ModelPair, build_pair, check_passes_fit, encode_prompts, environment
 from benchmarks.common import load_prompt_tokenizer, results_dir, run_cli, set_threads
+from benchmarks.lockstep import Method, lockstep, plain_decoding, stepwise
 from benchmarks.prompts import PROMPTS
 from benchmarks.tree_speed import parse_shape
 from gpt2 import SamplingConfig, fast, generate
@@ -203,7 +205,7 @@ def jobs_of(settings: SweepSettings, cells: list[Cell], group: Group) -> list[tu
 
 
 class Runner:
-    """The decoding runs of the sweep, each timed between synchronised clocks."""
+    """The decoding runs of the sweep, as lockstep methods (benchmarks/lockstep.py)."""
 
     def __init__(self, pair: ModelPair, settings: SweepSettings) -> None:
         self.pair, self.settings = pair, settings
@@ -214,37 +216,40 @@ class Runner:
             self.hf_target = to_transformers(pair.target)
             self.hf_draft = self.hf_target if pair.draft_is_target else to_transformers(pair.draft)
 
-    def run(self, kind: str, cell: Cell | None, ids: torch.Tensor, n: int, p: int,
-            reference: torch.Tensor | None) -> tuple[torch.Tensor, SpecStats | None, float]:
-        """One run of `kind` (see `jobs_of`) on prompt number `p`, (1, T) `ids`: (output ids, SpecStats of a
-        speculative run or None, seconds). A simulated drafter copies `reference`, the baseline's greedy output;
-        it is built inside the timed region, as the loop builds a ModelDrafter."""
-        s, q, stats = self.settings, self.settings.sampling, None
-        shape = s.shapes.get(cell.tree) if cell else None  # None: a chain of gamma tokens
+    def method(self, kind: str, cell: Cell | None, ids: torch.Tensor, n: int, p: int,
+               reference: torch.Tensor | None) -> Method:
+        """One run of `kind` (see `jobs_of`) on prompt number `p`, (1, T) `ids`, returning (output ids, SpecStats
+        of a speculative run or None). A simulated drafter copies `reference`, the baseline's greedy output; it is
+        built inside the timed run, as the loop builds a ModelDrafter."""
+        s, q = self.settings, self.settings.sampling
         seed = s.seed + 1000 * p  # the same for a prompt in every run: repeats do identical work
-        generator = torch.Generator(device=self.pair.device).manual_seed(seed)
-        if kind.startswith("hf"):
-            from benchmarks.hf_peer import hf_generate
-
-            torch.manual_seed(seed)  # transformers samples from the global generator
-        t0 = clock(self.pair.device)
         if kind == "baseline":
-            out = generate(self.pair.target, ids, n, temperature=q.temperature, top_k=q.top_k, top_p=q.top_p,
-                           generator=generator)
-        elif kind == "speculative":
-            draft = self.pair.draft
-            if cell.alpha_sim is not None and shape is None:
-                draft = SimulatedDrafter(draft, reference, cell.alpha_sim, seed=s.seed + p)
-            elif cell.alpha_sim is not None:
-                draft = SimulatedTreeDrafter(draft, reference, (cell.alpha_sim, *s.tree_profile), seed=s.seed + p)
-            out, stats = speculative_generate(self.pair.target, draft, ids, gamma=None if shape else cell.gamma,
-                                              tree=shape, max_new_tokens=n, temperature=q.temperature,
-                                              top_k=q.top_k, top_p=q.top_p, generator=generator)
-        else:  # transformers: plain generate, or assisted generation drafting gamma tokens a step
-            assisted = kind == "hf assisted"
-            out = hf_generate(self.hf_target, ids, n, q, assistant=self.hf_draft if assisted else None,
-                              gamma=cell.gamma if assisted else None)
-        return out, stats, clock(self.pair.device) - t0
+            plain = plain_decoding(self.pair.target, ids, n, q, seed)
+            return lambda pause: (plain(pause), None)
+        if kind == "speculative":
+            shape = s.shapes.get(cell.tree)  # None: a chain of gamma tokens
+
+            def speculative(on_step):
+                draft = self.pair.draft
+                if cell.alpha_sim is not None and shape is None:
+                    draft = SimulatedDrafter(draft, reference, cell.alpha_sim, seed=s.seed + p)
+                elif cell.alpha_sim is not None:
+                    draft = SimulatedTreeDrafter(draft, reference, (cell.alpha_sim, *s.tree_profile),
+                                                 seed=s.seed + p)
+                generator = torch.Generator(self.pair.device).manual_seed(seed)
+                return speculative_generate(self.pair.target, draft, ids, gamma=None if shape else cell.gamma,
+                                            tree=shape, max_new_tokens=n, temperature=q.temperature, top_k=q.top_k,
+                                            top_p=q.top_p, generator=generator, on_step=on_step)
+            return stepwise(speculative)
+        from benchmarks.hf_peer import PausingStreamer, hf_generate
+
+        assisted = kind == "hf assisted"  # else transformers' plain generate
+
+        def peer(pause):
+            torch.manual_seed(seed)  # transformers samples from the global generator
+            return hf_generate(self.hf_target, ids, n, q, assistant=self.hf_draft if assisted else None,
+                               gamma=cell.gamma if assisted else None, streamer=PausingStreamer(pause)), None
+        return peer
 
 
 def check_fits(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings) -> None:
@@ -279,14 +284,17 @@ def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings
                unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True)
 
     _, ids0 = prompts[0]  # warm-up: every code path once on the first prompt, not counted
+    warm_gen = min(min(settings.max_gens), 32)
     for _ in range(settings.warmup):
         bar.set_postfix_str("warm-up")
-        reference = None
-        for kind, cell, _ in jobs:  # the baseline first: it gives the simulated drafters their reference
-            out, _, _ = runner.run(kind, cell, ids0, min(min(settings.max_gens), 32), 0, reference)
-            reference = out if kind == "baseline" else reference
+        reference = generate(pair.target, ids0, warm_gen) if settings.simulate else None
+        run_together(runner, jobs, ids0, warm_gen, 0, reference, 0)
 
     references: dict[tuple[int, int], torch.Tensor] = {}  # (prompt, max_gen) -> baseline output
+    if settings.simulate:  # the simulated drafters copy the baseline's output, which lockstep makes alongside them
+        bar.set_postfix_str("the baselines' outputs for the simulated drafters")
+        references = {(p, n): generate(pair.target, ids, n) for p, (_, ids) in enumerate(prompts)
+                      for n in settings.max_gens}
     for r in range(settings.repeats):
         for n in settings.max_gens:
             bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: preparing the step-cost timer")
@@ -297,30 +305,33 @@ def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings
     return SweepResult(settings, [(name, ids.size(1)) for name, ids in prompts], all_cells, groups)
 
 
+def run_together(runner: Runner, jobs: list, ids: torch.Tensor, n: int, p: int, reference: torch.Tensor | None,
+                 shift: int) -> list[tuple[float, torch.Tensor, SpecStats | None]]:
+    """Every one of `jobs` on prompt number `p` in lockstep, the first to move rotated by `shift`: (seconds,
+    output ids, SpecStats or None) of each, in the order of `jobs`."""
+    order = [*range(len(jobs))][shift % len(jobs) :] + [*range(len(jobs))][: shift % len(jobs)]
+    timed = lockstep({j: runner.method(*jobs[j][:2], ids, n, p, reference) for j in order},
+                     lambda: clock(runner.pair.device))
+    return [(t, out, stats) for t, (out, stats) in (timed[j] for j in range(len(jobs)))]
+
+
 def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Tensor]], cells: list[Cell],
               group: Group, references: dict[tuple[int, int], torch.Tensor], bar: tqdm,
               timer: ComponentTimer) -> None:
-    """Repeat `r` at max_gen `n`: for each prompt, the baseline and every one of `cells` back to back (reversed on
-    odd repeats; repeat 0 runs the baseline first, whose output the simulated drafters copy), with the `timer`'s
-    rounds spread evenly between the runs."""
-    greedy = runner.settings.sampling.greedy
+    """Repeat `r` at max_gen `n`: for each prompt, the baseline and every one of `cells` in lockstep (who moves
+    first rotates with the repeat and the prompt), with the `timer`'s rounds spread evenly between the prompts."""
+    greedy, calls = runner.settings.sampling.greedy, runner.settings.component_calls
     jobs = jobs_of(runner.settings, cells, group)
     seconds = [0.0] * len(jobs)  # this repeat's, summed over the prompts
-    rounds_before = [0] * (len(prompts) * len(jobs))  # timer rounds to run before each run
-    for j in range(runner.settings.component_calls):
-        rounds_before[j * len(rounds_before) // runner.settings.component_calls] += 1
-    due = iter(rounds_before)
     for p, (name, ids) in enumerate(prompts):
-        order = list(enumerate(jobs))
-        for j, (kind, c, _) in reversed(order) if r % 2 else order:
-            for _ in range(next(due)):
-                bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: step costs")
-                timer.round()
-            label = "" if c is None else f" tree {c.tree}" if c.tree else f" γ={c.gamma}"
-            bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}, {name}: {kind}{label}")
-            out, stats, t = runner.run(kind, c, ids, n, p, references.get((p, n)))
+        for _ in range(calls * (p + 1) // len(prompts) - calls * p // len(prompts)):
+            bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: step costs")
+            timer.round()
+        bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}, {name}: {len(jobs)} runs in lockstep")
+        runs = run_together(runner, jobs, ids, n, p, references.get((p, n)), r + p)
+        for j, ((kind, c, _), (t, out, stats)) in enumerate(zip(jobs, runs)):
             seconds[j] += t
-            if kind == "baseline":
+            if kind == "baseline":  # jobs[0]: the reference of the runs after it
                 assert not greedy or torch.equal(out, references.get((p, n), out)), "greedy must be deterministic"
                 references.setdefault((p, n), out)
                 if r == 0:
@@ -334,7 +345,7 @@ def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Ten
                 c.identical += int(greedy and torch.equal(out, references[(p, n)]))
             elif kind == "hf assisted" and greedy:
                 c.hf_identical += int(torch.equal(out.to(ids.device), references[(p, n)]))
-            bar.update(1)
+        bar.update(len(jobs))
     for (_, _, samples), t in zip(jobs, seconds):
         samples.append(t)
 

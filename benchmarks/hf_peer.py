@@ -31,9 +31,24 @@ def to_transformers(model: GPT2):
     return hf_model.to(device=model.device, dtype=model.dtype).eval()
 
 
+class PausingStreamer:
+    """A transformers streamer that makes `generate` a lockstep method (benchmarks/lockstep.py): it calls
+    `pause(new tokens so far)` each time tokens arrive; the first call brings the prompt."""
+
+    def __init__(self, pause) -> None:
+        self.pause, self.tokens = pause, None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.tokens = 0 if self.tokens is None else self.tokens + value.numel()
+        self.pause(self.tokens)
+
+    def end(self) -> None:
+        pass
+
+
 @torch.inference_mode()
 def hf_generate(hf_target, input_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, *,
-                assistant=None, gamma: int | None = None) -> torch.Tensor:
+                assistant=None, gamma: int | None = None, streamer: PausingStreamer | None = None) -> torch.Tensor:
     """transformers' plain generate (`assistant` None) or assisted generation, `assistant` drafting exactly
     `gamma` tokens a step: (1, T) `input_ids` -> (1, T + max_new_tokens) LongTensor, with no end-of-text, as
     ours. Models from `to_transformers`; transformers samples from torch's global generator (seed it)."""
@@ -47,4 +62,5 @@ def hf_generate(hf_target, input_ids: torch.Tensor, max_new_tokens: int, samplin
         config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
         config.assistant_confidence_threshold = 0.0  # ... and no early stop (None means its default 0.4)
         kwargs["assistant_model"] = assistant
-    return hf_target.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)  # one unpadded row
+    return hf_target.generate(input_ids, attention_mask=torch.ones_like(input_ids), streamer=streamer,
+                              **kwargs)  # one unpadded row

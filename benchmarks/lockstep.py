@@ -37,7 +37,7 @@ import torch
 from greenlet import greenlet
 
 from benchmarks.common import markdown_table, random_model, run_cli, set_threads, shape
-from gpt2 import GPT2, generate
+from gpt2 import GPT2, SamplingConfig, generate
 
 # A method: called with `pause`, which it calls at each step boundary with its
 # token count so far; returns its result.
@@ -91,9 +91,11 @@ def lockstep(methods: dict[str, Method], clock: Callable[[], float]) -> dict[str
     return {name: (r.seconds, r.result) for name, r in runners.items()}
 
 
-def plain_decoding(target: GPT2, ids: torch.Tensor, max_gen: int) -> Method:
-    """Plain greedy decoding (`gpt2.generate`) as a lockstep method: it
-    pauses before each of its own target passes."""
+def plain_decoding(target: GPT2, ids: torch.Tensor, max_gen: int, sampling: SamplingConfig = SamplingConfig(),
+                   seed: int = 0) -> Method:
+    """Plain decoding (`gpt2.generate`, greedy unless `sampling` says otherwise,
+    from a generator seeded with `seed`) as a lockstep method: it pauses
+    before each of its own target passes."""
 
     def run(pause):
         me, passes = current(), 0
@@ -106,9 +108,28 @@ def plain_decoding(target: GPT2, ids: torch.Tensor, max_gen: int) -> Method:
 
         hook = target.register_forward_pre_hook(before_pass)
         try:
-            return generate(target, ids, max_gen)
+            return generate(target, ids, max_gen, temperature=sampling.temperature, top_k=sampling.top_k,
+                            top_p=sampling.top_p, generator=torch.Generator(target.device).manual_seed(seed))
         finally:
             hook.remove()
+
+    return run
+
+
+def stepwise(call: Callable[[Callable[..., None]], Any]) -> Method:
+    """`call(on_step)`, a decoding that calls `on_step(new_tokens, ...)` after
+    each of its steps (`speculative_generate`'s `on_step`), as a lockstep
+    method: it pauses there."""
+
+    def run(pause):
+        tokens = 0
+
+        def on_step(new: list[int], *_) -> None:
+            nonlocal tokens
+            tokens += len(new)
+            pause(tokens)
+
+        return call(on_step)
 
     return run
 

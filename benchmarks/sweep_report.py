@@ -181,9 +181,10 @@ def markdown(result: SweepResult, rows: list[dict], env: dict, command: str) -> 
         f"- target {env['models']['target']}, draft {env['models']['draft']}, {weights}; {decoding}",
         f"- prompts: {', '.join(f'{name} ({n} tokens)' for name, n in result.prompts)}; end-of-text ignored, "
         "every run emits max_gen tokens",
-        f"- baseline: gpt2.generate of the target (KV cache), interleaved with the speculative runs; {s.repeats} "
-        f"repeats after {s.warmup} warm-up round(s); speedup = median [min-max] over repeats",
-        f"- t_d, t_t, t_v: {s.component_calls} calls per repeat each, spread between the runs, KV cache at "
+        f"- baseline: gpt2.generate of the target (KV cache), in lockstep with the speculative runs (they take turns "
+        f"step by step); {s.repeats} repeats after {s.warmup} warm-up round(s); speedup = median [min-max] over "
+        "repeats",
+        f"- t_d, t_t, t_v: {s.component_calls} calls per repeat each, spread between the prompts, KV cache at "
         "context_len = " + ", ".join(f"{g.context_len} (max_gen {n})" for n, g in result.groups.items()),
     ]
     if s.peer:

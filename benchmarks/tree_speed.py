@@ -8,10 +8,11 @@ greedy token is the draft's rank-r candidate with probability a_r, per depth:
 `SimulatedTreeDrafter`; a chain of the same top-1 acceptance alpha = a_1:
 `SimulatedDrafter`), every chain gamma and tree shape gets a predicted
 speedup E / cost, and the best --measure chains and trees are run against
-plain greedy decoding, interleaved, --repeats times (medians of per-repeat
-ratios). Last, a real acceptance process: a small target and a draft = the
-target plus weight noise; tokens per target call come from their own
-distributions, and the speedup is costed at the large pair's r_k.
+plain greedy decoding in lockstep (benchmarks/lockstep.py), --repeats
+times (medians of per-repeat ratios). Last, a real acceptance process: a
+small target and a draft = the target plus weight noise; tokens per target
+call come from their own distributions, and the speedup is costed at the
+large pair's r_k.
 
     python -m benchmarks.tree_speed
     python -m benchmarks.tree_speed --draft-quantize int8    # the draft's passes ~2.5x cheaper
@@ -31,8 +32,10 @@ from statistics import median
 import torch
 
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
-from benchmarks.common import check_passes_fit, noisy_copy, shape, write_json
-from gpt2 import GPT2, GPT2Config, SamplingConfig, fast, generate, init_random_weights
+from benchmarks.common import check_passes_fit, noisy_copy, say, shape, timed, write_json
+from benchmarks.lockstep import Method, lockstep, plain_decoding, stepwise
+from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
+from spec_decoding.stats import clock
 from spec_decoding import (
     SimulatedDrafter,
     SimulatedTreeDrafter,
@@ -40,7 +43,6 @@ from spec_decoding import (
     expected_tokens_per_step,
     speculative_generate,
 )
-from spec_decoding.stats import clock
 
 CPU = torch.device("cpu")
 PROFILES = {"strong": (0.8, 0.1, 0.04), "weak": (0.5, 0.15, 0.07)}
@@ -56,22 +58,12 @@ NOISY_STD, NOISY_SCALE = 0.2, 0.01
 NOISY_PROMPT = 16  # tokens of each of its random prompts
 
 
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def parse_shape(text: str) -> TreeShape:
     """"3,2,1" or "nodes 16 depth 5"."""
     words = text.split()
     if len(words) == 4 and words[0] == "nodes" and words[2] == "depth" and words[1].isdigit() and words[3].isdigit():
         return TreeShape(nodes=int(words[1]), depth=int(words[3]))
     return TreeShape.parse(text)
-
-
-def timed(fn) -> float:
-    t0 = clock(CPU)
-    fn()
-    return clock(CPU) - t0
 
 
 # ---------------------------------------------------------------------------
@@ -225,43 +217,41 @@ def ceiling(levels: dict, profile: str, chains: range, costs: dict) -> dict:
 
 def measure_profiles(target: GPT2, draft: GPT2, prompt: torch.Tensor, plans: dict[str, list[tuple[str, dict]]],
                      args: argparse.Namespace) -> dict:
-    """Runs every planned config of every profile between two runs of plain
-    greedy decoding (B c1 B c2 B ... cn B; the configs reversed on odd
-    repeats), after a short warm-up of each. A config's speedup in a repeat
-    is the mean of the baselines around it over its own time. Returns, per
-    (profile, config): seconds, speedups, their median and the pooled
-    tokens per target call."""
+    """Runs plain greedy decoding and every planned config of every profile
+    in lockstep (benchmarks/lockstep.py; who moves first rotates between
+    repeats), after a short warm-up of each config. A config's speedup in a
+    repeat is plain decoding's seconds over its own. Returns, per (profile,
+    config): seconds, speedups, their median and the pooled tokens per
+    target call; and plain decoding's seconds ("baseline_s")."""
     runs = [(profile, name, config) for profile, configs in plans.items() for name, config in configs]
     reference = generate(target, prompt, args.new_tokens)  # the target's greedy continuation
 
-    def run(profile: str, config: dict, new_tokens: int, seed: int):
-        a = PROFILES[profile]
-        if config["kind"] == "chain":
-            drafter, how = SimulatedDrafter(draft, reference, a[0], seed=seed), {"gamma": config["gamma"]}
-        else:
-            drafter, how = SimulatedTreeDrafter(draft, reference, a, seed=seed), {"tree": config["shape"]}
-        return speculative_generate(target, drafter, prompt, max_new_tokens=new_tokens, **how)
-
-    def baseline() -> float:
-        return timed(lambda: generate(target, prompt, args.new_tokens))
+    def method(profile: str, config: dict, new_tokens: int, seed: int) -> Method:
+        def call(on_step):
+            a = PROFILES[profile]
+            if config["kind"] == "chain":
+                drafter, how = SimulatedDrafter(draft, reference, a[0], seed=seed), {"gamma": config["gamma"]}
+            else:
+                drafter, how = SimulatedTreeDrafter(draft, reference, a, seed=seed), {"tree": config["shape"]}
+            return speculative_generate(target, drafter, prompt, max_new_tokens=new_tokens, on_step=on_step, **how)
+        return stepwise(call)
 
     for profile, _, config in runs:  # warm-up: first calls allocate and touch everything
-        run(profile, config, 4, seed=0)
+        method(profile, config, 4, seed=0)(lambda _: None)
     baselines, seconds, stats = [], {(p, n): [] for p, n, _ in runs}, {(p, n): [] for p, n, _ in runs}
     for rep in range(args.repeats):
-        before = baseline()
-        baselines.append(before)
-        for profile, name, config in runs if rep % 2 == 0 else runs[::-1]:
-            box = {}
-            t = timed(lambda: box.update(result=run(profile, config, args.new_tokens, seed=rep)))
-            out, run_stats = box["result"]
+        methods = {"plain": plain_decoding(target, prompt, args.new_tokens)}
+        methods |= {(profile, name): method(profile, config, args.new_tokens, seed=rep)
+                    for profile, name, config in runs}
+        order = list(methods)[rep % len(methods) :] + list(methods)[: rep % len(methods)]
+        timed = lockstep({key: methods[key] for key in order}, lambda: clock(CPU))
+        plain, _ = timed.pop("plain")
+        baselines.append(plain)
+        for (profile, name), (t, (out, run_stats)) in timed.items():
             assert out.tolist() == reference.tolist(), f"{profile} {name}: not the target's greedy output"
-            after = baseline()
-            baselines.append(after)
-            seconds[(profile, name)].append(((before + after) / 2, t))
+            seconds[(profile, name)].append((plain, t))
             stats[(profile, name)].append(run_stats)
-            before = after
-        say(f"  runs: repeat {rep + 1}/{args.repeats}, baselines {', '.join(f'{b:.1f}' for b in baselines[-3:])} s ...")
+        say(f"  runs: repeat {rep + 1}/{args.repeats}, plain decoding {plain:.1f} s ...")
     result = {"baseline_s": baselines}
     for key, pairs in seconds.items():
         pooled = stats[key]
@@ -333,8 +323,9 @@ def report(payload: dict, env: dict, args: argparse.Namespace) -> str:
     costs, lines = payload["costs"], ["# Token trees against chains", "", *environment_lines(env), ""]
     draft = args.draft + (" (int8 weights)" if args.draft_quantize == "int8" else "")
     lines += [f"- target {args.target}, draft {draft}, random weights; prompt {args.prefix} tokens, "
-              f"{args.new_tokens} new tokens; medians of {args.repeats} interleaved repeats; t_t = one target "
-              f"step ({costs['t_t_s'] * 1e3:.0f} ms)", "", "## Costs relative to one target step", ""]
+              f"{args.new_tokens} new tokens; medians of {args.repeats} repeats, each running plain decoding and "
+              f"every measured config in lockstep; t_t = one target step ({costs['t_t_s'] * 1e3:.0f} ms)", "",
+              "## Costs relative to one target step", ""]
     rows = [[str(k), fmt(costs["r"].get(k)), fmt(costs["r_tree"].get(k))] for k in sorted(costs["r"])]
     lines += [markdown_table(["k", "r_k = t_v(k) / t_t", "r_k, tree mask"], rows), ""]
     rows = [[str(n), fmt(c, 3)] for n, c in sorted(costs["c"].items())]

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import gamma_sweep
 from benchmarks.common import run_cli
 from benchmarks.gamma_sweep import main
+from benchmarks.lockstep import lockstep
 from benchmarks.sweep_report import COLUMNS, PEER_COLUMNS, pooled, predicted_speedup_with_start
 from gpt2 import GPT2, GPT2Config, generate, init_random_weights
 from spec_decoding import SimulatedDrafter, SpecStats, expected_tokens_per_step, predicted_speedup
@@ -134,8 +136,19 @@ def test_greedy_output_under_simulation_equals_the_baseline(simulated_runs):
 # ---------------------------------------------------------------------------
 
 
-def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path, prompt_tokenizer):
+def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path, prompt_tokenizer, monkeypatch):
+    groups = []  # the runs of each lockstep call, by kind and gamma, in the order they were handed over
+
+    def recorded(methods, clock):
+        groups.append(list(methods))
+        return lockstep(methods, clock)
+
+    monkeypatch.setattr(gamma_sweep, "lockstep", recorded)
     assert main(TINY_SWEEP + ["--out", str(tmp_path)]) == 0
+    # Every prompt's baseline and cells run together (warm-up: 1 call; 2 repeats x 2 max_gens x 2 prompts), and who
+    # moves first rotates with the repeat and the prompt.
+    assert len(groups) == 1 + 2 * 2 * 2 and all(sorted(g) == [0, 1, 2] for g in groups)
+    assert {g[0] for g in groups} == {0, 1, 2}  # each run moves first somewhere
     for name in OUTPUTS:
         assert (tmp_path / name).is_file() and (tmp_path / name).stat().st_size > 0, name
     # One axis that fits a laptop screen, and a small acceptance plot.

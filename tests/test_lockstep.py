@@ -1,7 +1,9 @@
 """benchmarks/lockstep.py: methods take turns by tokens so far, each is timed
 over its own turns only, inference mode survives the first method to finish,
-and an error in a method reaches the caller. A fake clock stands in for time;
-the self-check's table is run on a tiny model (its figures are not asserted)."""
+and an error in a method reaches the caller; plain, speculative and
+transformers' decoding pause at their steps and return what they return when
+called alone. A fake clock stands in for time; the self-check's table is run
+on a tiny model (its figures are not asserted)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import pytest
 import torch
 
 from benchmarks.common import run_cli
-from benchmarks.lockstep import lockstep, main, plain_decoding
-from gpt2 import generate
+from benchmarks.lockstep import lockstep, main, plain_decoding, stepwise
+from gpt2 import SamplingConfig, generate
+from spec_decoding import speculative_generate
 from helpers import TINY, tiny_gpt2
 
 
@@ -86,6 +89,58 @@ def test_plain_decoding_pauses_before_its_own_passes_only():
     assert out.tolist() == generate(model, ids, 4).tolist()
     assert paused == [0, 0, 1, 2, 3]  # before the prefill, then before each token's pass; not before "other"'s
     assert not model._forward_pre_hooks  # the hook is gone after the run
+
+
+def test_plain_decoding_samples_as_generate_does_with_its_seed():
+    model = tiny_gpt2(TINY, seed=0)
+    ids = torch.tensor([[1, 2, 3]])
+    sampling = SamplingConfig(temperature=1.0, top_k=20)
+    timed = lockstep({"a": plain_decoding(model, ids, 12, sampling, seed=7),
+                      "b": plain_decoding(model, ids, 12, sampling, seed=8)}, clock=lambda: 0.0)
+    for name, seed in (("a", 7), ("b", 8)):
+        alone = generate(model, ids, 12, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(seed))
+        assert timed[name][1].tolist() == alone.tolist()
+    assert timed["a"][1].tolist() != timed["b"][1].tolist()  # the seeds matter: the check above can fail
+
+
+def test_speculative_decoding_pauses_after_each_step_with_its_tokens_so_far():
+    target, draft = tiny_gpt2(TINY, seed=0), tiny_gpt2(TINY, seed=1)
+    ids = torch.tensor([[1, 2, 3]])
+    paused, steps = [], []
+
+    def run(on_step):
+        def logged(new, accepted):
+            steps.append(len(new))
+            on_step(new, accepted)
+        return speculative_generate(target, draft, ids, gamma=3, max_new_tokens=20, on_step=logged)
+
+    def speculative(pause):
+        return stepwise(run)(lambda tokens: (paused.append(tokens), pause(tokens)))
+
+    timed = lockstep({"speculative": speculative, "plain": plain_decoding(target, ids, 20)}, clock=lambda: 0.0)
+    out, stats = timed["speculative"][1]
+    assert out.tolist() == timed["plain"][1].tolist() == generate(target, ids, 20).tolist()
+    assert len(paused) == stats.target_calls > 1  # one pause a step
+    assert paused == [sum(steps[: i + 1]) for i in range(len(steps))] and paused[-1] == 20
+
+
+def test_transformers_generate_pauses_as_its_tokens_arrive():
+    pytest.importorskip("transformers")
+    from benchmarks.hf_peer import PausingStreamer, hf_generate, to_transformers
+
+    model = tiny_gpt2(TINY, seed=0)
+    hf_model, ids = to_transformers(model), torch.tensor([[1, 2, 3]])
+    for assistant, gamma in ((None, None), (hf_model, 3)):  # plain generate, then assisted generation
+        paused = []
+
+        def peer(pause):
+            return hf_generate(hf_model, ids, 10, SamplingConfig(), assistant=assistant, gamma=gamma,
+                               streamer=PausingStreamer(lambda tokens: (paused.append(tokens), pause(tokens))))
+
+        timed = lockstep({"peer": peer, "plain": plain_decoding(model, ids, 10)}, clock=lambda: 0.0)
+        assert timed["peer"][1].tolist() == timed["plain"][1].tolist()  # the same weights, the same greedy tokens
+        # The prompt first (0 tokens), then each step's: one a step, or gamma + 1 when the target drafts for itself.
+        assert paused == ([*range(11)] if assistant is None else [0, 4, 8, 10])
 
 
 def test_the_self_check_prints_its_table(capsys):
