@@ -13,13 +13,13 @@ Every B serves the same --prompts prompts, B at a time, so that tokens per
 second compare one workload. Acceptance is simulated (`SimulatedBatchDrafter`):
 per row, the target's own greedy token with probability --alpha (prompt i
 meets the same coins at every B, from seed --seed + repeat), the draft
-model's forward passes paid. Timed, in every repeat, each in turn (reversed
-on odd repeats): whole generation runs (plain at every B, speculative for
-each B and --gammas, plain at every B again: plain's time is the mean of
-its two runs, which straddle the speculative ones), and on a cache of
---context positions per row one pass of B rows (t_step), of B (gamma + 1)
-rows (t_v) and of the draft (t_d), the step between two samples of the read
-bandwidth and of the arithmetic rate.
+model's forward passes paid. Timed, in every repeat: whole generation runs
+(plain at every B, speculative for each B and --gammas), all in lockstep
+(benchmarks/lockstep.py: they take turns step by step, so a swing of the
+machine's speed lands on all of them alike); then, each in turn (reversed
+on odd repeats), on a cache of --context positions per row one pass of B
+rows (t_step), of B (gamma + 1) rows (t_v) and of the draft (t_d), the step
+between two samples of the read bandwidth and of the arithmetic rate.
 Ratios are taken within a repeat, then the median over repeats.
 
     python -m benchmarks.batch_speed                       # gpt2 -> gpt2-large shapes
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import shlex
 import sys
 from statistics import median
@@ -42,9 +43,11 @@ import torch
 from benchmarks.common import build_pair, check_range, environment, environment_lines, markdown_table, results_dir
 from benchmarks.common import run_cli, say, set_threads, shape, timed, write_json
 from benchmarks.decode_speed import BandwidthProbe, weight_bytes
+from benchmarks.lockstep import Method, current, lockstep
 from gpt2 import GPT2, fast, generate
 from gpt2.fast.quantize import matrix_weights
 from spec_decoding import SimulatedBatchDrafter, predicted_speedup, speculative_generate
+from spec_decoding.stats import clock
 
 MAIN_GAMMA = 4  # the issue's setting for the main table
 GOAL_PLAIN_B8 = 5.0  # plain B = 8 against plain B = 1
@@ -70,44 +73,66 @@ def batches(prompts: list[list[int]], B: int) -> list[tuple[int, list[list[int]]
     return [(i, prompts[i : i + B]) for i in range(0, len(prompts), B)]
 
 
-def plain_run(target: GPT2, prompts: list[list[int]], B: int, n: int) -> tuple[float, list[list[int]]]:
-    """Seconds of `generate` over every prompt, B at a time, and the rows
-    (the simulation's references)."""
-    rows, seconds = [], 0.0
-    for _, batch in batches(prompts, B):
-        seconds += timed(lambda: rows.extend(generate(target, batch, n)))
-    return seconds, rows
+def plain_run(target: GPT2, prompts: list[list[int]], B: int, n: int) -> Method:
+    """`generate` over every prompt, B at a time, as a lockstep method that
+    pauses before each of its target passes; returns the rows."""
+
+    def run(pause):
+        me, rows, tokens = current(), [], 0
+
+        def before_pass(module, args):  # (rows, T) ids: a pass over one position a row makes a token a row
+            nonlocal tokens
+            if current() is me:
+                pause(tokens)
+                tokens += args[0].size(0) if args[0].size(1) == 1 else 0
+
+        hook = target.register_forward_pre_hook(before_pass)
+        try:
+            for _, batch in batches(prompts, B):
+                rows.extend(generate(target, batch, n))
+        finally:
+            hook.remove()
+        return rows
+
+    return run
 
 
 def spec_run(target: GPT2, draft: GPT2, prompts: list[list[int]], references: list[list[int]], B: int, n: int,
-             gamma: int, alpha: float, seed: int) -> tuple[float, dict]:
-    """Seconds of batched speculative decoding over every prompt, B at a time,
-    with simulated acceptance (prompt i meets the coins of row i of `seed`,
-    whatever B), and the batches' counters summed."""
-    seconds, totals = 0.0, {"new_tokens": 0, "accepted": 0, "judged": 0, "target_calls": 0}
-    for first, batch in batches(prompts, B):
-        rows_of = references[first : first + len(batch)]
-        drafter = SimulatedBatchDrafter(draft, rows_of, alpha, seed=seed, first_row=first)
-        result = []
-        seconds += timed(lambda: result.extend(speculative_generate(target, drafter, batch, gamma=gamma,
-                                                                    max_new_tokens=n)))
-        rows, stats = result
-        assert rows == rows_of, "greedy speculative decoding must reproduce plain decoding"
-        totals["new_tokens"] += stats.new_tokens
-        totals["accepted"] += stats.accepted
-        totals["judged"] += stats.judged
-        totals["target_calls"] += stats.target_calls
-    totals["alpha"] = totals["accepted"] / max(totals["judged"], 1)  # Leviathan's alpha over every row
-    totals["tokens_per_target_call"] = totals["new_tokens"] / max(totals["target_calls"], 1)
-    return seconds, totals
+             gamma: int, alpha: float, seed: int) -> Method:
+    """Batched speculative decoding over every prompt, B at a time, with
+    simulated acceptance (prompt i meets the coins of row i of `seed`,
+    whatever B), as a lockstep method that pauses after each row's step;
+    returns the batches' counters summed."""
+
+    def run(pause):
+        totals, tokens = {"new_tokens": 0, "accepted": 0, "judged": 0, "target_calls": 0}, 0
+
+        def on_step(row: int, new: list[int], accepted: int) -> None:
+            nonlocal tokens
+            tokens += len(new)
+            pause(tokens)
+
+        for first, batch in batches(prompts, B):
+            rows_of = references[first : first + len(batch)]
+            drafter = SimulatedBatchDrafter(draft, rows_of, alpha, seed=seed, first_row=first)
+            rows, stats = speculative_generate(target, drafter, batch, gamma=gamma, max_new_tokens=n, on_step=on_step)
+            assert rows == rows_of, "greedy speculative decoding must reproduce plain decoding"
+            for key in totals:
+                totals[key] += getattr(stats, key)
+        totals["alpha"] = totals["accepted"] / max(totals["judged"], 1)  # Leviathan's alpha over every row
+        totals["tokens_per_target_call"] = totals["new_tokens"] / max(totals["target_calls"], 1)
+        return totals
+
+    return run
 
 
-def warm_up(pair, args: argparse.Namespace, prompts: list[list[int]]) -> None:
+def warm_up(pair, args: argparse.Namespace, prompts: list[list[int]], references: list[list[int]]) -> None:
     """Short uncounted runs at the largest batch (first-touch page faults,
     the kernels' first calls), before any repeat."""
-    B = max(args.batch_sizes)
-    _, references = plain_run(pair.target, prompts[:B], B, 2)
-    spec_run(pair.target, pair.draft, prompts[:B], references, B, 2, max(args.gammas), args.alpha, args.seed)
+    B, alone = max(args.batch_sizes), lambda tokens: None
+    plain_run(pair.target, prompts[:B], B, 2)(alone)
+    spec_run(pair.target, pair.draft, prompts[:B], [r[: len(p) + 2] for p, r in zip(prompts, references)], B, 2,
+             max(args.gammas), args.alpha, args.seed)(alone)
     pass_seconds(pair.target, max(args.step_batches), max(args.gammas) + 1, args.context, args.seed)
     pass_seconds(pair.draft, max(args.step_batches), 1, args.context, args.seed)
 
@@ -142,28 +167,23 @@ def pass_bytes(model: GPT2, B: int, context: int) -> int:
     return weight_bytes(model, False) + B * 2 * c.n_layer * (context + 1) * c.n_embd * model.dtype.itemsize
 
 
-def one_repeat(pair, args: argparse.Namespace, prompts: list[list[int]], reverse: bool,
-               probe: BandwidthProbe, seed: int) -> dict:
-    """Every measurement once: "plain B=<B>" (the mean seconds of a run
-    before the speculative runs and one after them, both in "plain B=<B>
-    runs"), "spec B=<B> gamma=<g>" (seconds and stats; simulated coins from
-    `seed`), "t_step B=<B>", "t_v B=<B>", "t_d B=<B>", "bandwidth B=<B>" and
-    "flops B=<B>" (the machine's rates around the step)."""
+def one_repeat(pair, args: argparse.Namespace, prompts: list[list[int]], references: list[list[int]],
+               reverse: bool, probe: BandwidthProbe, seed: int) -> dict:
+    """Every measurement once: "plain B=<B>" (seconds) and "spec B=<B>
+    gamma=<g>" (seconds and stats; simulated coins from `seed`), all run in
+    lockstep (benchmarks/lockstep.py); then "t_step B=<B>", "t_v B=<B>",
+    "t_d B=<B>", "bandwidth B=<B>" and "flops B=<B>" (the machine's rates
+    around the step)."""
     got: dict = {}
-    sizes = list(reversed(args.batch_sizes)) if reverse else args.batch_sizes
-    plain = {B: [] for B in sizes}
-    for B in sizes:  # plain decoding at every B side by side, so that B = 8 and B = 1 meet the same memory
-        seconds, references = plain_run(pair.target, prompts, B, args.new_tokens)  # the same rows at every B
-        plain[B].append(seconds)
-    for B in sizes:
-        for gamma in (reversed(args.gammas) if reverse else args.gammas):
-            got[f"spec B={B} gamma={gamma}"] = spec_run(pair.target, pair.draft, prompts, references, B,
-                                                         args.new_tokens, gamma, args.alpha, seed)
-        gc.collect()
-    for B in reversed(sizes):  # and again after the speculative runs: their mean straddles them
-        plain[B].append(plain_run(pair.target, prompts, B, args.new_tokens)[0])
-        got[f"plain B={B}"] = sum(plain[B]) / 2
-        got[f"plain B={B} runs"] = plain[B]
+    methods = {f"plain B={B}": plain_run(pair.target, prompts, B, args.new_tokens) for B in args.batch_sizes}
+    methods |= {f"spec B={B} gamma={gamma}": spec_run(pair.target, pair.draft, prompts, references, B,
+                                                      args.new_tokens, gamma, args.alpha, seed)
+                for B in args.batch_sizes for gamma in args.gammas}
+    for name, (seconds, result) in lockstep(dict(reversed(methods.items())) if reverse else methods,
+                                            lambda: clock(pair.device)).items():
+        assert not name.startswith("plain") or result == references, "plain decoding must not depend on B"
+        got[name] = seconds if name.startswith("plain") else (seconds, result)
+    gc.collect()
     for B in (list(reversed(args.step_batches)) if reverse else args.step_batches):
         before, flops_before = probe.sample(), arithmetic_rate()
         got[f"t_step B={B}"] = pass_seconds(pair.target, B, 1, args.context, args.seed)
@@ -253,7 +273,7 @@ def report_lines(summary: dict, args: argparse.Namespace) -> list[str]:
     lines = ["## Tokens per second", "",
              f"The same {args.prompts} prompts ({args.prompt_len} +- 12 tokens) at every B, served B at a time, "
              f"{args.new_tokens} new tokens each; speculative: gamma = {g_main}, simulated alpha = {args.alpha}. "
-             "Plain runs at every B side by side, before and after the speculative runs (their mean). "
+             "Plain and speculative runs at every B in lockstep (they take turns step by step). "
              "Each ratio is the median of the per-repeat ratios.",
              ""]
     rows = []
@@ -368,7 +388,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          f"most {n_ctx - max(args.gammas) - 1}")
     args.batch_sizes, args.gammas, args.step_batches = (sorted(set(v)) for v in
                                                          (args.batch_sizes, args.gammas, args.step_batches))
+    check_cache_memory(args)
     return args
+
+
+def check_cache_memory(args: argparse.Namespace) -> None:
+    """Raises a ValueError if the runs of a repeat, all alive at once in lockstep, would hold KV caches (each
+    method one batch at a time, target and draft, float32) of more than half the machine's memory."""
+    configs = [shape(name) for name in (("tiny", "tiny-draft") if args.tiny else (args.target, args.draft))]
+    per_row_position = sum(2 * c.n_layer * c.n_embd * 4 for c in configs)  # keys and values, float32
+    rows = sum(min(B, args.prompts) for B in args.batch_sizes) * (1 + len(args.gammas))  # plain + each gamma
+    held = rows * (args.prompt_len + SPREAD + args.new_tokens + max(args.gammas) + 1) * per_row_position
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if held > memory / 2:
+        raise ValueError(f"the runs of a repeat, all in lockstep, would hold {held / 2**30:.1f} GiB of KV caches at "
+                         f"once, more than half of this machine's {memory / 2**30:.0f} GiB: give fewer or smaller "
+                         "--batch-sizes, fewer --gammas or fewer --new-tokens")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,11 +414,13 @@ def main(argv: list[str] | None = None) -> int:
     pair = build_pair(args.target, args.draft, weights="tiny" if args.tiny else "random", seed=args.seed)
     prompts = make_prompts(args.prompts, args.prompt_len, pair.target.config.vocab_size, args.seed)
     probe = BandwidthProbe(args.bandwidth_mib)
-    warm_up(pair, args, prompts)
+    references = [row for _, batch in batches(prompts, max(args.batch_sizes))
+                  for row in generate(pair.target, batch, args.new_tokens)]  # what the simulated drafters copy
+    warm_up(pair, args, prompts, references)
     repeats = []
     for i in range(args.warmup + args.repeats):
         say(f"repeat {i + 1 - args.warmup} of {args.repeats}" if i >= args.warmup else "warm-up")
-        got = one_repeat(pair, args, prompts, reverse=bool(i % 2), probe=probe, seed=args.seed + i)
+        got = one_repeat(pair, args, prompts, references, reverse=bool(i % 2), probe=probe, seed=args.seed + i)
         if i >= args.warmup:
             repeats.append(got)
     summary = summarise(repeats, args, pair)

@@ -73,3 +73,14 @@ def test_a_bad_results_folder_fails_before_any_model_is_built(monkeypatch, capsy
     assert run_cli(main, SHORT + ["--out", str(tmp_path / "afile" / "sub")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --out ") and "cannot be created" in err and len(err.strip().splitlines()) == 1
+
+
+def test_runs_whose_caches_would_not_fit_in_memory_together_are_refused(capsys, tmp_path):
+    # gpt2-large and gpt2: 442 KB of keys and values a row and position; 385 rows x 5 runs x ~1,020 positions
+    # would be ~870 GB at once in lockstep. Refused before any model is built.
+    args = ["--batch-sizes", "1", "128", "256", "--prompts", "256", "--gammas", "1", "2", "3", "4",
+            "--new-tokens", "900", "--prompt-len", "100", "--out", str(tmp_path / "out")]
+    assert run_cli(main, args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the runs of a repeat, all in lockstep, would hold 8") and "fewer --gammas" in err
+    assert "\n" not in err and not (tmp_path / "out").exists()
