@@ -9,14 +9,18 @@ step boundary, where it pauses. Every method thus reaches its k-th token at
 about the same moment, and a slow phase lands on all of them at the same
 point of their runs. A method's seconds are the sum of its own turns, and its
 result is what its call returned: lockstep changes when the work is done,
-not what is computed. (Every method's KV caches are alive at once.)
+not what is computed. (Every method's KV caches are alive at once.) A
+method pauses where its call lets it: `plain_decoding` before each of its
+target passes, `stepwise` after each speculative step (`on_step`),
+transformers' generate as its streamer receives tokens
+(`hf_peer.PausingStreamer`).
 
 The methods are greenlets (coroutines with their own stacks) on the calling
 thread, not threads: each OS thread that runs PyTorch or the C kernels gets
 an OpenMP pool of its own, and with more pooled threads than cores OpenMP
 puts idle workers to sleep after a few spins, which makes every parallel
-loop wait for a wake-up, so that a pass of the gpt2 shape took 1.3x as long
-(docs/performance.md). One thread keeps one pool.
+loop wait for a wake-up and slows the passes (measured in
+docs/performance.md). One thread keeps one pool.
 
     python -m benchmarks.lockstep     # checks this machine: lockstep, a thread and the plain call compared
 """

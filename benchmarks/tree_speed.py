@@ -15,7 +15,7 @@ call come from their own distributions, and the speedup is costed at the
 large pair's r_k.
 
     python -m benchmarks.tree_speed
-    python -m benchmarks.tree_speed --draft-quantize int8    # the draft's passes ~2.5x cheaper
+    python -m benchmarks.tree_speed --draft-quantize int8    # the draft reads a quarter of the bytes
     python -m benchmarks.tree_speed --tiny --repeats 1 --new-tokens 16    # a smoke run
 
 Outputs (in --out, default benchmarks/results/tree_speed-<UTC time>/):

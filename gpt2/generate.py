@@ -292,8 +292,8 @@ def decode_rows(
 
 
 # What a forward pass costs beyond its positions' arithmetic, in positions: a pass reads every weight once
-# (4 bytes per weight at ~50 GB/s), which on a CPU takes about as long as 8 positions' multiply-adds
-# (2 flops per weight at ~200 GFLOP/s). Rows therefore share a prefill pass when that saves more than the
+# (4 bytes each), and in that time a CPU, which does some 4 flops per byte it reads from memory, multiply-adds
+# every weight (2 flops) for about 8 positions. Rows therefore share a prefill pass when that saves more than the
 # padding it adds.
 PASS_POSITIONS = 8
 

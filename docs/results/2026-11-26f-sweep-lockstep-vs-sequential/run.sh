@@ -1,4 +1,6 @@
 #!/bin/bash
+# How these reports were made: /tmp/wt-old is a git worktree of eeb2b6f (runs timed one after the other),
+# /tmp/wt-new one of 69e055d or later (lockstep); the reports were then copied here.
 export TIKTOKEN_CACHE_DIR=/tmp/tk
 mkdir -p /tmp/gs-cmp
 for i in 1 2 3; do
