@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import shlex
 import sys
 from statistics import median
@@ -41,7 +40,7 @@ from statistics import median
 import torch
 
 from benchmarks.common import build_pair, check_range, environment, environment_lines, markdown_table, results_dir
-from benchmarks.common import run_cli, say, set_threads, shape, timed, write_json
+from benchmarks.common import cache_bytes, check_caches_fit, run_cli, say, set_threads, shape, timed, write_json
 from benchmarks.decode_speed import BandwidthProbe, weight_bytes
 from benchmarks.lockstep import Method, current, lockstep
 from gpt2 import GPT2, fast, generate
@@ -395,15 +394,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def check_cache_memory(args: argparse.Namespace) -> None:
     """Raises a ValueError if the runs of a repeat, all alive at once in lockstep, would hold KV caches (each
     method one batch at a time, target and draft, float32) of more than half the machine's memory."""
-    configs = [shape(name) for name in (("tiny", "tiny-draft") if args.tiny else (args.target, args.draft))]
-    per_row_position = sum(2 * c.n_layer * c.n_embd * 4 for c in configs)  # keys and values, float32
     rows = sum(min(B, args.prompts) for B in args.batch_sizes) * (1 + len(args.gammas))  # plain + each gamma
-    held = rows * (args.prompt_len + SPREAD + args.new_tokens + max(args.gammas) + 1) * per_row_position
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if held > memory / 2:
-        raise ValueError(f"the runs of a repeat, all in lockstep, would hold {held / 2**30:.1f} GiB of KV caches at "
-                         f"once, more than half of this machine's {memory / 2**30:.0f} GiB: give fewer or smaller "
-                         "--batch-sizes, fewer --gammas or fewer --new-tokens")
+    positions = args.prompt_len + SPREAD + args.new_tokens + max(args.gammas) + 1
+    names = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
+    check_caches_fit(sum(cache_bytes(shape(name), positions, rows) for name in names),
+                     "give fewer or smaller --batch-sizes, fewer --gammas or fewer --new-tokens")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -294,6 +294,25 @@ def check_passes_fit(n_ctx: int, used: int, what_uses: str, passes: dict[str, in
                              f"positions) the context window of {n_ctx} has room for {max(room, 0)}: {fix}")
 
 
+def cache_bytes(config: GPT2Config, positions: int, rows: int = 1, itemsize: int = 4) -> int:
+    """Bytes of a KV cache of `rows` rows and `positions` positions: keys and values of every layer."""
+    return 2 * config.n_layer * config.n_embd * positions * rows * itemsize
+
+
+def machine_memory() -> int:
+    """Bytes of this machine's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_caches_fit(nbytes: int, fix: str) -> None:
+    """Raises a ValueError if `nbytes` of KV caches, alive at once while the runs of a lockstep call
+    (benchmarks/lockstep.py) take turns, exceed half of this machine's memory; `fix` says what to give less of."""
+    memory = machine_memory()
+    if nbytes > memory / 2:
+        raise ValueError(f"the runs timed together in lockstep would hold {nbytes / 2**30:.1f} GiB of KV caches at "
+                         f"once, more than half of this machine's {memory / 2**30:.0f} GiB: {fix}")
+
+
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Runs `main(argv)`; a user mistake (ValueError, FileNotFoundError) becomes one line on stderr and exit code 2,
     never a traceback; Ctrl-C exit code 130."""

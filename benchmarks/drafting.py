@@ -57,6 +57,8 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.common import (
+    cache_bytes,
+    check_caches_fit,
     environment,
     environment_lines,
     load_prompt_tokenizer,
@@ -455,6 +457,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ValueError("the simulated part needs an α: give --alphas or --int8-alphas")
     if not (math.isfinite(args.noise) and args.noise >= 0):
         raise ValueError(f"--noise must be a finite number >= 0, got {args.noise}")
+    if {"simulated", "ngram"} & set(args.parts):  # their methods run in lockstep: plain, each fixed γ, auto, +2/-1
+        names = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
+        check_caches_fit((len(set(args.gammas)) + 3) * sum(cache_bytes(shape(n), shape(n).n_ctx) for n in names),
+                         "give fewer --gammas")
     return args
 
 

@@ -26,8 +26,8 @@ import torch
 from tqdm import tqdm
 
 from benchmarks import sweep_report
-from benchmarks.common import ModelPair, build_pair, check_passes_fit, encode_prompts, environment
-from benchmarks.common import load_prompt_tokenizer, results_dir, run_cli, set_threads
+from benchmarks.common import ModelPair, build_pair, cache_bytes, check_caches_fit, check_passes_fit, encode_prompts
+from benchmarks.common import environment, load_prompt_tokenizer, results_dir, run_cli, set_threads
 from benchmarks.lockstep import Method, lockstep, plain_decoding, stepwise
 from benchmarks.prompts import PROMPTS
 from benchmarks.tree_speed import parse_shape
@@ -254,7 +254,8 @@ class Runner:
 
 def check_fits(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings) -> None:
     """Raises a ValueError unless the longest prompt, the longest max_gen and a verification pass of the largest
-    gamma + 1 or tree nodes + 1 fit both models' context window."""
+    gamma + 1 or tree nodes + 1 fit both models' context window, and the runs of one prompt, in lockstep, fit the
+    machine's memory with each a target and a draft cache of the full window."""
     n_ctx = min(pair.target.config.n_ctx, pair.draft.config.n_ctx)
     longest, max_gen = max(ids.size(1) for _, ids in prompts), max(settings.max_gens)
     if longest + max_gen > n_ctx:
@@ -264,6 +265,10 @@ def check_fits(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], setting
     passes |= {f"--tree {text!r}": shape.max_nodes + 1 for text, shape in settings.shapes.items()}
     check_passes_fit(n_ctx, longest + max_gen, f"the longest prompt ({longest} tokens) and --max-gen {max_gen}",
                      passes)
+    runs = (1 + bool(settings.peer)) * (1 + len(settings.alpha_settings) * (len(settings.gammas) + len(settings.trees)))
+    itemsize = pair.dtype.itemsize
+    per_run = sum(cache_bytes(m.config, m.config.n_ctx, itemsize=itemsize) for m in (pair.target, pair.draft))
+    check_caches_fit(runs * per_run, "give fewer --gamma, --tree or --simulate-acceptance values, one sweep each")
 
 
 def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings, *,

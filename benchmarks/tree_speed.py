@@ -32,7 +32,8 @@ from statistics import median
 import torch
 
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
-from benchmarks.common import check_passes_fit, noisy_copy, say, shape, timed, write_json
+from benchmarks.common import cache_bytes, check_caches_fit, check_passes_fit, noisy_copy, say, shape, timed
+from benchmarks.common import write_json
 from benchmarks.lockstep import Method, lockstep, plain_decoding, stepwise
 from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
 from spec_decoding.stats import clock
@@ -408,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     passes |= {f"--trees {name!r}": tree.max_nodes + 1 for name, tree in shapes.items()}
     check_passes_fit(n_ctx, prompt_len + args.new_tokens,
                      f"a prompt of {prompt_len} tokens and --new-tokens {args.new_tokens}", passes)
+    runs = 2 + 2 * args.measure * len(args.profiles.split(","))  # plain, chains and trees, the chain as a tree
+    check_caches_fit(runs * sum(cache_bytes(shape(n), shape(n).n_ctx) for n in (args.target, args.draft)),
+                     "give a smaller --measure or fewer --profiles")
     folder = results_dir(args.out, "tree_speed")
     target = random_model(shape(args.target), device=CPU, dtype=torch.float32, seed=0)
     draft = random_model(shape(args.draft), device=CPU, dtype=torch.float32, seed=1, quantize=args.draft_quantize)

@@ -82,5 +82,5 @@ def test_runs_whose_caches_would_not_fit_in_memory_together_are_refused(capsys, 
             "--new-tokens", "900", "--prompt-len", "100", "--out", str(tmp_path / "out")]
     assert run_cli(main, args) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: the runs of a repeat, all in lockstep, would hold 8") and "fewer --gammas" in err
+    assert err.startswith("error: the runs timed together in lockstep would hold 8") and "fewer --gammas" in err
     assert "\n" not in err and not (tmp_path / "out").exists()

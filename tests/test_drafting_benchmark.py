@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from benchmarks import drafting
+from benchmarks import common, drafting
 from benchmarks.common import run_cli
 from benchmarks.drafting import expected_speedups, held_out_best, main, modelled_seconds, same_run_ratios
 from spec_decoding import AutoGamma, FixedGamma, StepCosts
@@ -110,3 +110,13 @@ def test_bad_settings_are_one_line_and_exit_2(bad, capsys, tmp_path):
     assert run_cli(main, ["--tiny", *short, "--out", str(tmp_path / "out"), *bad]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_methods_whose_caches_would_not_fit_in_memory_together_are_refused(capsys, tmp_path, monkeypatch):
+    # Tiny pair: 1.5 MiB of full-window caches a method; plain, 30 fixed γ, auto and +2/-1 on a 64 MiB machine.
+    monkeypatch.setattr(common, "machine_memory", lambda: 64 * 2**20)
+    args = ["--tiny", "--parts", "simulated", "--gammas", *map(str, range(1, 31)), "--out", str(tmp_path / "out")]
+    assert run_cli(main, args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the runs timed together in lockstep would hold ") and err.endswith("fewer --gammas")
+    assert not (tmp_path / "out").exists()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import gamma_sweep
+from benchmarks import common, gamma_sweep
 from benchmarks.common import run_cli
 from benchmarks.gamma_sweep import main
 from benchmarks.lockstep import lockstep
@@ -300,6 +300,24 @@ def test_settings_checked_against_the_encoded_prompts_exit_with_one_line(args, m
     assert run_cli(main, ["--out", str(tmp_path)] + ONE_RUN + args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_runs_whose_caches_would_not_fit_in_memory_together_are_refused(capsys, tmp_path, prompt_tokenizer,
+                                                                        monkeypatch):
+    # Tiny pair: 1.5 MiB of full-window caches a run. On a 4 GiB machine, the baseline and 100 gammas x 14 simulated
+    # alphas (1,401 runs, 2.05 GiB) are refused before any run.
+    monkeypatch.setattr(common, "machine_memory", lambda: 4 * 2**30)
+    many = ["--gamma", *map(str, range(1, 101)), "--simulate-acceptance", *["0.5"] * 14]
+    assert run_cli(main, ONE_RUN + many + ["--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: the runs timed together in lockstep would hold 2.1 GiB of KV caches at once, more than "
+                   "half of this machine's 4 GiB: give fewer --gamma, --tree or --simulate-acceptance values, one "
+                   "sweep each")
+    assert not (tmp_path / "out").exists()
+    # The line itself: on a 64 MiB machine 21 runs (31.5 MiB) run, 22 do not.
+    monkeypatch.setattr(common, "machine_memory", lambda: 64 * 2**20)
+    assert run_cli(main, ONE_RUN + ["--gamma", *map(str, range(1, 21)), "--out", str(tmp_path / "ok")]) == 0
+    assert run_cli(main, ONE_RUN + ["--gamma", *map(str, range(1, 22)), "--out", str(tmp_path / "no")]) == 2
 
 
 def test_a_results_folder_inside_a_file_is_one_line_and_exit_2(capsys, tmp_path, prompt_tokenizer):

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from benchmarks import common
 from benchmarks.common import run_cli
 from benchmarks.tree_speed import ceiling, interpolate, main, predict_chain, predict_tree
 from spec_decoding import expected_tokens_per_step
@@ -106,3 +107,13 @@ def test_bad_options_are_one_line_and_exit_2(args, message, capsys, tmp_path):
     assert run_cli(main, ["--tiny", *short, "--out", str(tmp_path / "out"), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_runs_whose_caches_would_not_fit_in_memory_together_are_refused(capsys, tmp_path, monkeypatch):
+    # Tiny pair: 1.5 MiB of full-window caches a run; plain, 10 chains and 10 trees of 2 profiles, the chain as a
+    # tree: 42 runs on a 64 MiB machine.
+    monkeypatch.setattr(common, "machine_memory", lambda: 64 * 2**20)
+    assert run_cli(main, ["--tiny", "--measure", "10", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the runs timed together in lockstep would hold ")
+    assert err.endswith("give a smaller --measure or fewer --profiles") and not (tmp_path / "out").exists()
