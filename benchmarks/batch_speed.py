@@ -42,7 +42,7 @@ import torch
 from benchmarks.common import build_pair, check_range, environment, environment_lines, markdown_table, results_dir
 from benchmarks.common import cache_bytes, check_caches_fit, run_cli, say, set_threads, shape, timed, write_json
 from benchmarks.decode_speed import BandwidthProbe, weight_bytes
-from benchmarks.lockstep import Method, current, lockstep
+from benchmarks.lockstep import Method, lockstep, paused_passes
 from gpt2 import GPT2, fast, generate
 from gpt2.fast.quantize import matrix_weights
 from spec_decoding import SimulatedBatchDrafter, predicted_speedup, speculative_generate
@@ -75,25 +75,8 @@ def batches(prompts: list[list[int]], B: int) -> list[tuple[int, list[list[int]]
 def plain_run(target: GPT2, prompts: list[list[int]], B: int, n: int) -> Method:
     """`generate` over every prompt, B at a time, as a lockstep method that
     pauses before each of its target passes; returns the rows."""
-
-    def run(pause):
-        me, rows, tokens = current(), [], 0
-
-        def before_pass(module, args):  # (rows, T) ids: a pass over one position a row makes a token a row
-            nonlocal tokens
-            if current() is me:
-                pause(tokens)
-                tokens += args[0].size(0) if args[0].size(1) == 1 else 0
-
-        hook = target.register_forward_pre_hook(before_pass)
-        try:
-            for _, batch in batches(prompts, B):
-                rows.extend(generate(target, batch, n))
-        finally:
-            hook.remove()
-        return rows
-
-    return run
+    return paused_passes(target, lambda: [row for _, batch in batches(prompts, B)
+                                          for row in generate(target, batch, n)])
 
 
 def spec_run(target: GPT2, draft: GPT2, prompts: list[list[int]], references: list[list[int]], B: int, n: int,

@@ -10,8 +10,9 @@ about the same moment, and a slow phase lands on all of them at the same
 point of their runs. A method's seconds are the sum of its own turns, and its
 result is what its call returned: lockstep changes when the work is done,
 not what is computed. (Every method's KV caches are alive at once.) A
-method pauses where its call lets it: `plain_decoding` before each of its
-target passes, `stepwise` after each speculative step (`on_step`),
+method pauses where its call lets it: `paused_passes` (and `plain_decoding`)
+before each of its target passes, `stepwise` after each speculative step
+(`on_step`),
 transformers' generate as its streamer receives tokens
 (`hf_peer.PausingStreamer`).
 
@@ -95,29 +96,38 @@ def lockstep(methods: dict[str, Method], clock: Callable[[], float]) -> dict[str
     return {name: (r.seconds, r.result) for name, r in runners.items()}
 
 
-def plain_decoding(target: GPT2, ids: torch.Tensor, max_gen: int, sampling: SamplingConfig = SamplingConfig(),
-                   seed: int = 0) -> Method:
-    """Plain decoding (`gpt2.generate`, greedy unless `sampling` says otherwise,
-    from a generator seeded with `seed`) as a lockstep method: it pauses
-    before each of its own target passes."""
+def paused_passes(model: GPT2, call: Callable[[], Any]) -> Method:
+    """`call()`, a decoding with `model`, as a lockstep method: it pauses
+    before each of its own passes of `model`, counting as tokens so far the
+    rows of its passes over one new position each (a prefill makes none)."""
 
     def run(pause):
-        me, passes = current(), 0
+        me, tokens = current(), 0
 
-        def before_pass(module, args):  # the target may be shared: pause before this method's passes only
-            nonlocal passes
+        def before_pass(module, args):  # the model may be shared: pause before this method's passes only
+            nonlocal tokens
             if current() is me:
-                pause(max(passes - 1, 0))  # the first pass is the prefill; each later one emits a token
-                passes += 1
+                pause(tokens)
+                ids = args[0]  # (rows, T) new token ids
+                tokens += ids.size(0) if ids.size(1) == 1 else 0
 
-        hook = target.register_forward_pre_hook(before_pass)
+        hook = model.register_forward_pre_hook(before_pass)
         try:
-            return generate(target, ids, max_gen, temperature=sampling.temperature, top_k=sampling.top_k,
-                            top_p=sampling.top_p, generator=torch.Generator(target.device).manual_seed(seed))
+            return call()
         finally:
             hook.remove()
 
     return run
+
+
+def plain_decoding(target: GPT2, ids: torch.Tensor, max_gen: int, sampling: SamplingConfig = SamplingConfig(),
+                   seed: int = 0) -> Method:
+    """Plain decoding (`gpt2.generate`, greedy unless `sampling` says otherwise,
+    from a generator seeded with `seed`) as a lockstep method that pauses
+    before each of its target passes."""
+    return paused_passes(target, lambda: generate(
+        target, ids, max_gen, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+        generator=torch.Generator(target.device).manual_seed(seed)))
 
 
 def stepwise(call: Callable[[Callable[..., None]], Any]) -> Method:
