@@ -333,15 +333,15 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
     reference = generate(target, prompt, args.gen)  # (1, P + gen): what the simulated drafter copies
     seconds = {phase: {"baseline": [], "speculative": []} for phase in ("quiet", "loaded")}
     runs = []  # the SpecStats of every counted speculative run
-    for rep, phase, _ in interleaved(["both"], args, spinners):
+    for rep, phase, _ in interleaved(["the pair"], args, spinners):  # one item: the two run together
         def speculative(on_step):  # coins from seed --seed + repeat: both phases of a repeat get the same luck
             drafter = SimulatedDrafter(draft, reference, SIM_ALPHA, seed=args.seed + rep)
             return speculative_generate(target, drafter, prompt, gamma=SIM_GAMMA, max_new_tokens=args.gen,
                                         on_step=on_step)
 
         methods = {"baseline": plain_decoding(target, prompt, args.gen), "speculative": stepwise(speculative)}
-        timed = lockstep(dict(reversed(methods.items())) if rep % 2 else methods, lambda: clock(CPU))
-        (base_s, _), (spec_s, (out, stats)) = timed["baseline"], timed["speculative"]
+        got = lockstep(dict(reversed(methods.items())) if rep % 2 else methods, lambda: clock(CPU))
+        (base_s, _), (spec_s, (out, stats)) = got["baseline"], got["speculative"]
         assert torch.equal(out, reference), "greedy speculative output must equal greedy decoding"
         if rep >= args.warmup:
             seconds[phase]["baseline"].append(base_s)

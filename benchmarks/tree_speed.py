@@ -245,10 +245,10 @@ def measure_profiles(target: GPT2, draft: GPT2, prompt: torch.Tensor, plans: dic
         methods |= {(profile, name): method(profile, config, args.new_tokens, seed=rep)
                     for profile, name, config in runs}
         order = list(methods)[rep % len(methods) :] + list(methods)[: rep % len(methods)]
-        timed = lockstep({key: methods[key] for key in order}, lambda: clock(CPU))
-        plain, _ = timed.pop("plain")
+        got = lockstep({key: methods[key] for key in order}, lambda: clock(CPU))
+        plain, _ = got.pop("plain")
         baselines.append(plain)
-        for (profile, name), (t, (out, run_stats)) in timed.items():
+        for (profile, name), (t, (out, run_stats)) in got.items():
             assert out.tolist() == reference.tolist(), f"{profile} {name}: not the target's greedy output"
             seconds[(profile, name)].append((plain, t))
             stats[(profile, name)].append(run_stats)
