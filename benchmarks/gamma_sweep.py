@@ -2,8 +2,8 @@
 measured step costs (sweep_report.py), with token trees (tree_loop.py) beside the gammas on --tree. On each
 prompt the baseline `gpt2.generate` and every cell run in lockstep (benchmarks/lockstep.py: they take turns step
 by step, so a swing of the machine's speed lands on all of them alike); speedup is the median over repeats of
-baseline / speculative time. The step costs are timed in rounds between the prompts (`ComponentTimer`).
-End-of-text is ignored: every run emits max_gen tokens.
+baseline / speculative time. The step costs are timed in rounds that take their turns among the runs
+(`ComponentTimer`). End-of-text is ignored: every run emits max_gen tokens.
 
     python -m benchmarks.gamma_sweep                       # gpt2 -> gpt2-large, full sweep
     python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.8 --tree 2 3,1 "nodes 8 depth 4"
@@ -155,8 +155,8 @@ def largest_tree(shape: TreeShape) -> TokenTree:
 
 class ComponentTimer:
     """Times rounds of one max_gen's step costs into its `group`, each pass on a KV cache rewound to
-    `group.context_len` positions after the call. The rounds are spread between the decoding runs: on a shared
-    machine whose speed drifts, costs timed in one block describe another machine than the runs saw."""
+    `group.context_len` positions after the call. The rounds take turns with the decoding runs (`during`): on a
+    shared machine whose speed drifts, costs timed in one block describe another machine than the runs saw."""
 
     @torch.inference_mode()
     def __init__(self, pair: ModelPair, group: Group, settings: SweepSettings, seed: int) -> None:
@@ -194,6 +194,17 @@ class ComponentTimer:
             t0 = clock(self.device)
             call()
             samples.append(clock(self.device) - t0)
+
+    def during(self, rounds: int, n: int) -> Method:
+        """`rounds` rounds as a lockstep method beside runs of `n` tokens: round i once the runs are
+        (i + 1/2) n / rounds tokens in, so that the step costs meet the memory phases the runs meet."""
+
+        def run(pause):
+            for i in range(rounds):
+                pause((2 * i + 1) * n // (2 * rounds))
+                self.round()
+
+        return run
 
 
 def jobs_of(settings: SweepSettings, cells: list[Cell], group: Group) -> list[tuple[str, Cell | None, list[float]]]:
@@ -311,12 +322,12 @@ def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings
 
 
 def run_together(runner: Runner, jobs: list, ids: torch.Tensor, n: int, p: int, reference: torch.Tensor | None,
-                 shift: int) -> list[tuple[float, torch.Tensor, SpecStats | None]]:
-    """Every one of `jobs` on prompt number `p` in lockstep, the first to move rotated by `shift`: (seconds,
-    output ids, SpecStats or None) of each, in the order of `jobs`."""
+                 shift: int, beside: Method | None = None) -> list[tuple[float, torch.Tensor, SpecStats | None]]:
+    """Every one of `jobs` on prompt number `p` in lockstep, the first to move rotated by `shift`, and `beside`
+    (untimed) with them: (seconds, output ids, SpecStats or None) of each job, in the order of `jobs`."""
     order = [*range(len(jobs))][shift % len(jobs) :] + [*range(len(jobs))][: shift % len(jobs)]
-    timed = lockstep({j: runner.method(*jobs[j][:2], ids, n, p, reference) for j in order},
-                     lambda: clock(runner.pair.device))
+    methods = {j: runner.method(*jobs[j][:2], ids, n, p, reference) for j in order}
+    timed = lockstep(methods | ({"beside": beside} if beside else {}), lambda: clock(runner.pair.device))
     return [(t, out, stats) for t, (out, stats) in (timed[j] for j in range(len(jobs)))]
 
 
@@ -324,16 +335,15 @@ def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Ten
               group: Group, references: dict[tuple[int, int], torch.Tensor], bar: tqdm,
               timer: ComponentTimer) -> None:
     """Repeat `r` at max_gen `n`: for each prompt, the baseline and every one of `cells` in lockstep (who moves
-    first rotates with the repeat and the prompt), with the `timer`'s rounds spread evenly between the prompts."""
+    first rotates with the repeat and the prompt), with the `timer`'s rounds among them, spread evenly over the
+    prompts and over each run."""
     greedy, calls = runner.settings.sampling.greedy, runner.settings.component_calls
     jobs = jobs_of(runner.settings, cells, group)
     seconds = [0.0] * len(jobs)  # this repeat's, summed over the prompts
     for p, (name, ids) in enumerate(prompts):
-        for _ in range(calls * (p + 1) // len(prompts) - calls * p // len(prompts)):
-            bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}: step costs")
-            timer.round()
-        bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}, {name}: {len(jobs)} runs in lockstep")
-        runs = run_together(runner, jobs, ids, n, p, references.get((p, n)), r + p)
+        rounds = timer.during(calls * (p + 1) // len(prompts) - calls * p // len(prompts), n)  # spread evenly
+        bar.set_postfix_str(f"repeat {r + 1}, max_gen {n}, {name}: {len(jobs)} runs and the step costs in lockstep")
+        runs = run_together(runner, jobs, ids, n, p, references.get((p, n)), r + p, rounds)
         for j, ((kind, c, _), (t, out, stats)) in enumerate(zip(jobs, runs)):
             seconds[j] += t
             if kind == "baseline":  # jobs[0]: the reference of the runs after it

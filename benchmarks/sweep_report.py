@@ -184,7 +184,7 @@ def markdown(result: SweepResult, rows: list[dict], env: dict, command: str) -> 
         f"- baseline: gpt2.generate of the target (KV cache), in lockstep with the speculative runs (they take turns "
         f"step by step); {s.repeats} repeat(s) after {s.warmup} warm-up round(s); speedup = median [min-max] over "
         "repeats",
-        f"- t_d, t_t, t_v: {s.component_calls} calls per repeat each, spread between the prompts, KV cache at "
+        f"- t_d, t_t, t_v: {s.component_calls} calls per repeat each, taking turns with the runs, KV cache at "
         "context_len = " + ", ".join(f"{g.context_len} (max_gen {n})" for n, g in result.groups.items()),
     ]
     if s.peer:

@@ -19,7 +19,7 @@ import torch
 
 from benchmarks import common, gamma_sweep
 from benchmarks.common import run_cli
-from benchmarks.gamma_sweep import main
+from benchmarks.gamma_sweep import ComponentTimer, main
 from benchmarks.lockstep import lockstep
 from benchmarks.sweep_report import COLUMNS, PEER_COLUMNS, pooled, predicted_speedup_with_start
 from gpt2 import GPT2, GPT2Config, generate, init_random_weights
@@ -145,9 +145,10 @@ def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path, pro
 
     monkeypatch.setattr(gamma_sweep, "lockstep", recorded)
     assert main(TINY_SWEEP + ["--out", str(tmp_path)]) == 0
-    # Every prompt's baseline and cells run together (warm-up: 1 call; 2 repeats x 2 max_gens x 2 prompts), and who
-    # moves first rotates with the repeat and the prompt.
-    assert len(groups) == 1 + 2 * 2 * 2 and all(sorted(g) == [0, 1, 2] for g in groups)
+    # Every prompt's baseline and cells run together (warm-up: 1 call; 2 repeats x 2 max_gens x 2 prompts), with the
+    # step costs' rounds beside them after the warm-up, and who moves first rotates with the repeat and the prompt.
+    assert len(groups) == 1 + 2 * 2 * 2 and groups[0] == [0, 1, 2]
+    assert all(sorted(g[:3]) == [0, 1, 2] and g[3:] == ["beside"] for g in groups[1:])
     assert {g[0] for g in groups} == {0, 1, 2}  # each run moves first somewhere
     for name in OUTPUTS:
         assert (tmp_path / name).is_file() and (tmp_path / name).stat().st_size > 0, name
@@ -183,6 +184,24 @@ def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path, pro
     assert "RANDOM WEIGHTS" in md and "SIMULATED" not in md
     assert "| max_gen | γ | speedup [min-max] | tok/s spec | tok/s base | α |" in md
     assert "predicted | efficiency |" in md
+
+
+def test_step_cost_rounds_take_turns_at_even_points_of_the_runs():
+    log = []  # the run's tokens so far, and "round" where the timer ran one
+
+    class Timer:
+        def round(self):
+            log.append("round")
+
+    def run(pause):  # 20 tokens, one a step
+        for tokens in range(1, 21):
+            log.append(tokens)
+            pause(tokens)
+
+    lockstep({"run": run, "beside": ComponentTimer.during(Timer(), 4, 20)}, clock=lambda: 0.0)
+    # Round i once the run is past (2i + 1) * 20 // 8 = 2, 7, 12, 17 tokens (a tie goes to the run, named first).
+    assert [log[i - 1] for i, entry in enumerate(log) if entry == "round"] == [3, 8, 13, 18]
+    assert log.count("round") == 4 and log[-1] == 20
 
 
 def test_simulated_sweep_is_labelled_and_controls_acceptance(tmp_path, prompt_tokenizer):
