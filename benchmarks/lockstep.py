@@ -12,8 +12,7 @@ result is what its call returned: lockstep changes when the work is done,
 not what is computed. (Every method's KV caches are alive at once.) A
 method pauses where its call lets it: `paused_passes` (and `plain_decoding`)
 before each of its target passes, `stepwise` after each speculative step
-(`on_step`),
-transformers' generate as its streamer receives tokens
+(`on_step`), transformers' generate as its streamer receives tokens
 (`hf_peer.PausingStreamer`).
 
 The methods are greenlets (coroutines with their own stacks) on the calling
