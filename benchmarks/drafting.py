@@ -71,7 +71,7 @@ from benchmarks.common import (
     shape,
     write_json,
 )
-from benchmarks.lockstep import lockstep, plain_decoding, stepwise
+from benchmarks.lockstep import lockstep, plain_decoding, rotated, stepwise
 from benchmarks.prompts import PROMPTS
 from benchmarks.sweep_report import pooled
 from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
@@ -136,10 +136,8 @@ def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: in
     runs = {name: [] for name in names}  # every run's SpecStats
     plain_seconds = []
     for r in range(repeats):
-        order = ["plain", *names]
-        order = order[r % len(order) :] + order[: r % len(order)]
-        timed = lockstep({name: plain_decoding(target, ids, max_gen) if name == "plain" else methods[name]
-                          for name in order}, lambda: clock(target.device))
+        timed = lockstep(rotated({"plain": plain_decoding(target, ids, max_gen)} | methods, r),
+                         lambda: clock(target.device))
         plain, out = timed.pop("plain")
         assert out[0].tolist() == reference, "plain decoding changed between runs"
         plain_seconds.append(plain)
@@ -459,7 +457,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ValueError(f"--noise must be a finite number >= 0, got {args.noise}")
     if {"simulated", "ngram"} & set(args.parts):  # their methods run in lockstep: plain, each fixed γ, auto, +2/-1
         names = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
-        check_caches_fit((len(set(args.gammas)) + 3) * sum(cache_bytes(shape(n), shape(n).n_ctx) for n in names),
+        check_caches_fit((len(set(args.gammas)) + 3) * sum(cache_bytes(shape(n)) for n in names),
                          "give fewer --gammas")
     return args
 

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from benchmarks import sweep_report
 from benchmarks.common import ModelPair, build_pair, cache_bytes, check_caches_fit, check_passes_fit, encode_prompts
 from benchmarks.common import environment, load_prompt_tokenizer, results_dir, run_cli, set_threads
-from benchmarks.lockstep import Method, lockstep, plain_decoding, stepwise
+from benchmarks.lockstep import Method, lockstep, plain_decoding, rotated, stepwise
 from benchmarks.prompts import PROMPTS
 from benchmarks.tree_speed import parse_shape
 from gpt2 import SamplingConfig, fast, generate
@@ -277,8 +277,7 @@ def check_fits(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], setting
     check_passes_fit(n_ctx, longest + max_gen, f"the longest prompt ({longest} tokens) and --max-gen {max_gen}",
                      passes)
     runs = (1 + bool(settings.peer)) * (1 + len(settings.alpha_settings) * (len(settings.gammas) + len(settings.trees)))
-    itemsize = pair.dtype.itemsize
-    per_run = sum(cache_bytes(m.config, m.config.n_ctx, itemsize=itemsize) for m in (pair.target, pair.draft))
+    per_run = sum(cache_bytes(m.config, itemsize=pair.dtype.itemsize) for m in (pair.target, pair.draft))
     check_caches_fit(runs * per_run, "give fewer --gamma, --tree or --simulate-acceptance values, one sweep each")
 
 
@@ -325,8 +324,8 @@ def run_together(runner: Runner, jobs: list, ids: torch.Tensor, n: int, p: int, 
                  shift: int, beside: Method | None = None) -> list[tuple[float, torch.Tensor, SpecStats | None]]:
     """Every one of `jobs` on prompt number `p` in lockstep, the first to move rotated by `shift`, and `beside`
     (untimed) with them: (seconds, output ids, SpecStats or None) of each job, in the order of `jobs`."""
-    order = [*range(len(jobs))][shift % len(jobs) :] + [*range(len(jobs))][: shift % len(jobs)]
-    methods = {j: runner.method(*jobs[j][:2], ids, n, p, reference) for j in order}
+    methods = rotated({j: runner.method(kind, cell, ids, n, p, reference) for j, (kind, cell, _) in enumerate(jobs)},
+                      shift)
     timed = lockstep(methods | ({"beside": beside} if beside else {}), lambda: clock(runner.pair.device))
     return [(t, out, stats) for t, (out, stats) in (timed[j] for j in range(len(jobs)))]
 

@@ -95,6 +95,12 @@ def lockstep(methods: dict[str, Method], clock: Callable[[], float]) -> dict[str
     return {name: (r.seconds, r.result) for name, r in runners.items()}
 
 
+def rotated(methods: dict[Any, Method], shift: int) -> dict[Any, Method]:
+    """`methods` in their order rotated left by `shift`: the one that moves first (and wins ties) changes."""
+    keys = list(methods)
+    return {key: methods[key] for key in keys[shift % len(keys) :] + keys[: shift % len(keys)]}
+
+
 def paused_passes(model: GPT2, call: Callable[[], Any]) -> Method:
     """`call()`, a decoding with `model`, as a lockstep method: it pauses
     before each of its own passes of `model`, counting as tokens so far the

@@ -34,7 +34,7 @@ import torch
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
 from benchmarks.common import cache_bytes, check_caches_fit, check_passes_fit, noisy_copy, say, shape, timed
 from benchmarks.common import write_json
-from benchmarks.lockstep import Method, lockstep, plain_decoding, stepwise
+from benchmarks.lockstep import Method, lockstep, plain_decoding, rotated, stepwise
 from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
 from spec_decoding.stats import clock
 from spec_decoding import (
@@ -244,8 +244,7 @@ def measure_profiles(target: GPT2, draft: GPT2, prompt: torch.Tensor, plans: dic
         methods = {"plain": plain_decoding(target, prompt, args.new_tokens)}
         methods |= {(profile, name): method(profile, config, args.new_tokens, seed=rep)
                     for profile, name, config in runs}
-        order = list(methods)[rep % len(methods) :] + list(methods)[: rep % len(methods)]
-        got = lockstep({key: methods[key] for key in order}, lambda: clock(CPU))
+        got = lockstep(rotated(methods, rep), lambda: clock(CPU))
         plain, _ = got.pop("plain")
         baselines.append(plain)
         for (profile, name), (t, (out, run_stats)) in got.items():
@@ -410,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     check_passes_fit(n_ctx, prompt_len + args.new_tokens,
                      f"a prompt of {prompt_len} tokens and --new-tokens {args.new_tokens}", passes)
     runs = 2 + 2 * args.measure * len(args.profiles.split(","))  # plain, chains and trees, the chain as a tree
-    check_caches_fit(runs * sum(cache_bytes(shape(n), shape(n).n_ctx) for n in (args.target, args.draft)),
+    check_caches_fit(runs * sum(cache_bytes(shape(n)) for n in (args.target, args.draft)),
                      "give a smaller --measure or fewer --profiles")
     folder = results_dir(args.out, "tree_speed")
     target = random_model(shape(args.target), device=CPU, dtype=torch.float32, seed=0)
