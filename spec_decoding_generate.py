@@ -1,25 +1,18 @@
-"""Watch speculative decoding work: a small GPT-2 drafts, a large one verifies.
+"""Watch speculative decoding work (Leviathan et al. 2023, Algorithm 1; Chen
+et al. 2023): a small GPT-2 drafts, a large one verifies.
 
     python spec_decoding_generate.py --gamma 4
 
 On first use this downloads GPT-2 (the draft, 124M) and GPT-2 large (the
-target, 774M) into weights/, with progress bars; later runs need no network.
-The generated text streams as tokens are committed: tokens the draft proposed
-and the target accepted in green, tokens the target chose itself in yellow
-(cli/stream.py). A stats block follows (cli/report.py): the acceptance rate α,
-tokens per target call, forward calls, tokens/s (Leviathan et al. 2023,
-Algorithm 1; Chen et al. 2023). With --compare the target also decodes alone:
-the measured speedup, the one α and the step costs predict, and (greedy)
-whether both outputs are identical. With --tree 3,2,1,1 (or --tree-nodes N
---tree-depth D) the draft proposes a token tree, and --show-tree draws each.
-With --prompts-file many prompts are decoded in batches (spec_decoding/batch.py),
-one block per prompt in input order.
-
-stdout carries the text and the stats (or, with --json, exactly one JSON
-object, one per prompt with --prompts-file); downloads, progress bars and notes go to stderr. The options and
-the check of their values, by the library, are in cli/arguments.py. Exit codes:
-0 done, 2 bad input (one line "error: ..."), 130 Ctrl-C (what was generated
-so far and its stats are still printed), 1 an unexpected failure (--debug).
+target, 774M) into weights/; later runs need no network. The text streams as
+tokens are committed: drafted tokens the target accepted in green, tokens the
+target chose itself in yellow (cli/stream.py); the stats follow (α, tokens per
+target call, tokens/s: cli/report.py). --compare also decodes with the target
+alone, --tree drafts a token tree, --prompts-file decodes prompts in batches;
+the options and their checks are in cli/arguments.py. stdout carries the text
+and the stats (--json: one JSON object per prompt), stderr the rest. Exit
+codes: 0 done, 2 bad input (one line "error: ..."), 130 Ctrl-C (the text and
+stats so far still printed), 1 an unexpected failure (--debug: its traceback).
 """
 
 from __future__ import annotations

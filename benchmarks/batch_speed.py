@@ -3,30 +3,16 @@
 for B = 1, 2, 4, 8 rows, each against plain decoding at B = 1, and the step
 costs that explain them.
 
-On a CPU a decode step reads every weight once whatever B, so B rows should
-cost little more than one until the pass turns compute-bound. Verification
-feeds B (gamma + 1) rows: speculation multiplies the rows of a pass by
-gamma + 1, so it reaches that turn gamma + 1 times sooner, and stops paying
-where t_v(B (gamma + 1) rows) grows faster than the tokens per step it buys.
-
-Every B serves the same --prompts prompts, B at a time, so that tokens per
-second compare one workload. Acceptance is simulated (`SimulatedBatchDrafter`):
-per row, the target's own greedy token with probability --alpha (prompt i
-meets the same coins at every B, from seed --seed + repeat), the draft
-model's forward passes paid. Timed, in every repeat: whole generation runs
-(plain at every B, speculative for each B and --gammas), all in lockstep
-(benchmarks/lockstep.py: they take turns step by step, so a swing of the
-machine's speed lands on all of them alike); then, each in turn (reversed
-on odd repeats), on a cache of --context positions per row one pass of B
-rows (t_step), of B (gamma + 1) rows (t_v) and of the draft (t_d), the step
-between two samples of the read bandwidth and of the arithmetic rate.
-Ratios are taken within a repeat, then the median over repeats.
+On a CPU a decode step reads every weight once whatever B, so B rows cost
+little more than one until the pass turns compute-bound. Verification feeds
+B (gamma + 1) rows, so speculation reaches that turn gamma + 1 times sooner,
+and stops paying where t_v(B (gamma + 1) rows) grows faster than the tokens a
+step buys. Every B serves the same --prompts prompts, B at a time, with
+simulated acceptance (`SimulatedBatchDrafter`); the protocol is `one_repeat`'s.
+Writes batch_speed.md (the tables) and batch_speed.json to --out.
 
     python -m benchmarks.batch_speed                       # gpt2 -> gpt2-large shapes
     python -m benchmarks.batch_speed --repeats 5 --gammas 1 2 3 4 6 --step-batches 1 2 4 8 16
-
-Outputs (in --out, default benchmarks/results/batch_speed-<UTC time>/):
-batch_speed.md (the tables, with the environment header), batch_speed.json.
 """
 
 from __future__ import annotations
@@ -152,10 +138,16 @@ def pass_bytes(model: GPT2, B: int, context: int) -> int:
 def one_repeat(pair, args: argparse.Namespace, prompts: list[list[int]], references: list[list[int]],
                reverse: bool, probe: BandwidthProbe, seed: int) -> dict:
     """Every measurement once: "plain B=<B>" (seconds) and "spec B=<B>
-    gamma=<g>" (seconds and stats; simulated coins from `seed`), all run in
-    lockstep (benchmarks/lockstep.py); then "t_step B=<B>", "t_v B=<B>",
-    "t_d B=<B>", "bandwidth B=<B>" and "flops B=<B>" (the machine's rates
-    around the step)."""
+    gamma=<g>" (seconds and stats), whole generation runs all in lockstep
+    (benchmarks/lockstep.py: a swing of the machine's speed lands on all of
+    them alike). Acceptance per row: the target's own greedy token with
+    probability --alpha, prompt i meeting the same coins (from `seed`) at
+    every B; the draft model's passes are paid. Then, each in turn (reversed
+    if `reverse`), on a cache of --context positions per row: one pass of B
+    rows "t_step B=<B>", of B (gamma + 1) rows "t_v B=<B>", of the draft
+    "t_d B=<B>", and the machine's read bandwidth "bandwidth B=<B>" and
+    arithmetic rate "flops B=<B>" sampled around the step. Ratios are taken
+    within a repeat, then the median over repeats (`summarise`)."""
     got: dict = {}
     methods = {f"plain B={B}": plain_run(pair.target, prompts, B, args.new_tokens) for B in args.batch_sizes}
     methods |= {f"spec B={B} gamma={gamma}": spec_run(pair.target, pair.draft, prompts, references, B,

@@ -12,12 +12,6 @@ and speculative decoding with a simulated draft (alpha 0.8, --gamma, default
     python -m benchmarks.compare_commits /tmp/before .
     python -m benchmarks.compare_commits /tmp/before . --ks 5 8 16 32 --rows 8
     python -m benchmarks.compare_commits /tmp/before . --draft-int8 --gamma 7
-    python -m benchmarks.compare_commits /tmp/before . --tiny --repeats 1    # a smoke run
-
-The workers import only names both sides have (a checkout from before
-gpt2/fast/ is accelerated by `prepare_linear_layers`, as it was then), and
-draw the simulated drafter's coins themselves, one per position, so that both
-sides' speculative runs accept the same drafts.
 """
 
 from __future__ import annotations
@@ -37,6 +31,10 @@ from gpt2 import preset
 CACHED, PROMPT = 100, 20  # the worker's cache before each timed pass, and its decoding prompt, in tokens
 MAX_ROWS = 32  # --rows at most: each row's cache holds the whole window (gpt2-large: 0.38 GB a row)
 
+# A worker imports only names both sides have (a checkout from before gpt2/fast/
+# is accelerated by `prepare_linear_layers`, as it was then), and draws the
+# simulated drafter's coins itself, one per position, so that both sides'
+# speculative runs accept the same drafts.
 WORKER = r"""
 import json, sys, time
 import torch

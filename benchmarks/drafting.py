@@ -1,46 +1,18 @@
 """Smarter and cheaper drafting, measured side by side: `gamma="auto"` against
 fixed γ and Hugging Face's +2/-1 heuristic, a draft-only int8 draft, prompt
-lookup (`NgramDrafter`), and llama.cpp's p_min early stop.
+lookup (`NgramDrafter`) and llama.cpp's p_min early stop.
 
-Parts (--parts, all by default):
+Three --parts: simulated acceptance on the gpt2 -> gpt2-large shapes
+(`part_simulated`), prompt lookup on repetitive text (`part_ngram`), and a small
+pair with a real acceptance process (`part_noisy`). In each repeat plain
+decoding and every method run in lockstep (benchmarks/lockstep.py); a speedup
+is the median over repeats of plain seconds over the method's. Every run emits
+exactly --max-gen tokens and must reproduce plain greedy decoding. Writes
+drafting.md (the tables) and drafting.json (every run) to --out.
 
-- simulated: the target (gpt2-large shape) with a SimulatedDrafter on the
-  draft model (gpt2 shape), simulated α in --alphas: the speedup over plain
-  decoding of auto, of every fixed γ in --gammas (the best one found in the
-  same run) and of the heuristic. auto learns α online from its own steps
-  (it is never told the simulated α). Then at each α of --int8-alphas the
-  same with the draft's weights in int8 (the target stays float32, so the
-  output does). Timed runs see few realisations of the coins, so the same
-  comparison is also made in expectation, over --model-seeds coin strings,
-  by pricing each schedule's steps at the calibrated costs
-  (`expected_speedups`): there the best fixed γ for an α is the one best on
-  average, not the luckiest draw; and those strings, in groups of
-  --repeats, show how far the coins alone move a timed run's comparison
-  (`same_run_ratios`).
-- ngram: prompt lookup on a repetitive prompt (a paragraph quoted, then asked
-  for again) with the same target. The weights are random, so the target
-  does not copy the paragraph; but its greedy output soon falls into loops,
-  which prompt lookup copies: this part measures that mechanism, not what it
-  would do on real text.
-- noisy: a real acceptance process without downloads: a small target and a
-  draft made by adding noise to a copy of its weights. p_min against wasted
-  drafts (drafted - accepted) and tokens per target call; the acceptance
-  change from an int8 draft; prompt lookup on the small target.
-
-Timing: in each repeat, plain decoding and every method run in lockstep
-(benchmarks/lockstep.py): they take turns step by step, so a swing of the
-machine's speed lands on all of them at the same point of their runs; a
-method's speedup is the median over repeats of plain decoding's seconds over
-its own. Every run emits exactly --max-gen tokens (no EOS) and is checked to
-reproduce plain greedy decoding token for token.
-
-Usage:
     python -m benchmarks.drafting                              # everything, modest settings
     python -m benchmarks.drafting --parts simulated --alphas 0.8 --gammas 2 4 6 --repeats 1 --max-gen 32
     python -m benchmarks.drafting --tiny --repeats 1           # a smoke run in seconds
-
-Outputs (in --out, default benchmarks/results/drafting-<UTC time>/):
-drafting.md (the tables) and drafting.json (every run, with the environment).
 """
 
 from __future__ import annotations
@@ -164,6 +136,13 @@ def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: in
 
 
 def part_simulated(args, target, drafts: dict[str, GPT2], costs: dict[str, StepCosts], ids) -> dict:
+    """The target with a SimulatedDrafter on the draft model at each α of
+    --alphas: the speedup over plain decoding of auto, of every fixed γ of
+    --gammas (the best one found in the same run) and of the heuristic; auto
+    learns α from its own steps, it is never told. Then at each α of
+    --int8-alphas the same with the draft's weights in int8 (the target, and
+    so the output, stays float32). Timed runs see few draws of the coins, so
+    `expected_table` also compares the schedules in expectation."""
     reference = generate(target, ids, args.max_gen)  # (1, T + max_gen): what every run must reproduce
     ref_list = reference[0].tolist()
     cases = [("float32", a) for a in args.alphas] + [("int8", a) for a in args.int8_alphas]
@@ -245,6 +224,11 @@ def same_run_ratios(runs: dict[str, list[float]], repeats: int) -> list[float]:
 
 
 def expected_table(args, costs: dict[str, StepCosts]) -> tuple[str, dict]:
+    """The simulated part's comparison in expectation: each schedule's steps on
+    --model-seeds coin strings, priced at the calibrated costs
+    (`expected_speedups`), so that the best fixed γ is the one best on average,
+    not the luckiest draw; and how far the coins alone move a timed run of
+    --repeats repeats (`same_run_ratios`)."""
     cases = [("float32", a) for a in args.alphas] + [("int8", a) for a in args.int8_alphas]
     rows, report = [], {}
     for draft_name, alpha in cases:
@@ -317,6 +301,10 @@ def gamma_summary(counts: dict) -> str:
 
 
 def part_ngram(args, target, ids, costs: StepCosts, label: str) -> dict:
+    """Prompt lookup with fixed γ and auto on a repetitive prompt (a paragraph
+    quoted, then asked for again). The weights are random, so the target does
+    not copy the paragraph, but its greedy output soon falls into loops, which
+    prompt lookup copies: this measures that mechanism, not real text."""
     ref_list = generate(target, ids, args.max_gen)[0].tolist()
     methods = {f"ngram, fixed {g}": spec_run(target, lambda: NgramDrafter(args.ngram), ids, args.max_gen,
                                              lambda g=g: FixedGamma(g)) for g in (2, 4, 8)}
@@ -372,6 +360,11 @@ def count_runs(target, make_drafter, prompts, max_gen, gamma_fn, temperature, se
 
 
 def part_noisy(args, tokenizer) -> dict:
+    """A real acceptance process without downloads: a small target and a draft
+    that is a copy of it with noise added. p_min against wasted drafts
+    (drafted - accepted) and tokens per target call, the acceptance an int8
+    draft keeps (counted, not timed), and prompt lookup on the small target
+    (timed as in `part_ngram`)."""
     target = noisy_target(args.seed)
     draft = noisy_copy(target, scale=args.noise, seed=args.seed + 2, relative=True)
     draft8 = noisy_copy(target, scale=args.noise, seed=args.seed + 2, relative=True)

@@ -2,25 +2,15 @@
 moves them all alike.
 
 On a shared machine the memory bandwidth can change severalfold within
-seconds. Runs timed one after the other then see different machines, and a
-ratio of their times measures the machine as much as the methods. Here the
+seconds, so runs timed one after the other see different machines. Here the
 methods take turns: the one with the fewest tokens so far runs until its next
-step boundary, where it pauses. Every method thus reaches its k-th token at
-about the same moment, and a slow phase lands on all of them at the same
-point of their runs. A method's seconds are the sum of its own turns, and its
-result is what its call returned: lockstep changes when the work is done,
-not what is computed. (Every method's KV caches are alive at once.) A
-method pauses where its call lets it: `paused_passes` (and `plain_decoding`)
-before each of its target passes, `stepwise` after each speculative step
-(`on_step`), transformers' generate as its streamer receives tokens
-(`hf_peer.PausingStreamer`).
-
-The methods are greenlets (coroutines with their own stacks) on the calling
-thread, not threads: each OS thread that runs PyTorch or the C kernels gets
-an OpenMP pool of its own, and with more pooled threads than cores OpenMP
-puts idle workers to sleep after a few spins, which makes every parallel
-loop wait for a wake-up and slows the passes (measured in
-docs/performance.md). One thread keeps one pool.
+step boundary, where it pauses, so every method reaches its k-th token at
+about the same moment. A method's seconds are the sum of its own turns, and
+its result is what its call returned: lockstep changes when the work is done,
+not what is computed. (Every method's KV caches are alive at once.) A method
+pauses where its call lets it: `paused_passes` before each target pass,
+`stepwise` after each speculative step, transformers' generate as its
+streamer receives tokens (`hf_peer.PausingStreamer`).
 
     python -m benchmarks.lockstep     # checks this machine: lockstep, a thread and the plain call compared
 """
@@ -67,7 +57,14 @@ def current() -> Any:
 def lockstep(methods: dict[str, Method], clock: Callable[[], float]) -> dict[str, tuple[float, Any]]:
     """Runs `methods` in lockstep (see the module docstring); ties go to the
     earlier name. Returns {name: (seconds, result)}. An exception in a
-    method is raised here."""
+    method is raised here.
+
+    The methods are greenlets (coroutines with their own stacks) on the
+    calling thread, not threads: each OS thread that runs PyTorch or the C
+    kernels gets an OpenMP pool of its own, and with more pooled threads than
+    cores OpenMP puts idle workers to sleep after a few spins, which makes
+    every parallel loop wait for a wake-up (measured in docs/performance.md).
+    One thread keeps one pool."""
     runners = {name: Runner(call) for name, call in methods.items()}
     by_coroutine = {}
 

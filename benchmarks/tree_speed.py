@@ -1,25 +1,18 @@
-"""Token trees against chains, side by side in one run.
+"""Token trees against chains, side by side in one run, on the gpt2 ->
+gpt2-large shapes (random weights, fp32, batch 1).
 
-On the gpt2 -> gpt2-large shapes (random weights, fp32, batch 1, the fast path
-where it runs). First the costs, relative to one target step t_t: r_k =
-t_v(k) / t_t with and without a tree mask, and the draft's pass over a level
-of n nodes. Then, for acceptance profiles a = (a_1, a_2, ...) (the target's
-greedy token is the draft's rank-r candidate with probability a_r, per depth:
-`SimulatedTreeDrafter`; a chain of the same top-1 acceptance alpha = a_1:
-`SimulatedDrafter`), every chain gamma and tree shape gets a predicted
-speedup E / cost, and the best --measure chains and trees are run against
-plain greedy decoding in lockstep (benchmarks/lockstep.py), --repeats
-times (medians of per-repeat ratios). Last, a real acceptance process: a
-small target and a draft = the target plus weight noise; tokens per target
-call come from their own distributions, and the speedup is costed at the
-large pair's r_k.
+First the costs relative to one target step t_t: r_k = t_v(k) / t_t with and
+without a tree mask, and the draft's pass over a level of n nodes. Then, for
+acceptance profiles a = (a_1, a_2, ...) (`SimulatedTreeDrafter`: the target's
+greedy token is the draft's rank-r candidate with probability a_r; chains:
+`SimulatedDrafter` at alpha = a_1), every chain and tree gets a predicted
+speedup, and the best --measure of each run against plain decoding in
+lockstep (benchmarks/lockstep.py). Last, a real acceptance process: a small
+target and a noisy copy as the draft (`noisy_pair`). Writes tree_speed.md
+and tree_speed.json to --out.
 
     python -m benchmarks.tree_speed
     python -m benchmarks.tree_speed --draft-quantize int8    # the draft reads a quarter of the bytes
-    python -m benchmarks.tree_speed --tiny --repeats 1 --new-tokens 16    # a smoke run
-
-Outputs (in --out, default benchmarks/results/tree_speed-<UTC time>/):
-tree_speed.md (the tables) and tree_speed.json (the same with every sample).
 """
 
 from __future__ import annotations

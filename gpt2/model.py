@@ -7,19 +7,11 @@ hs = head size (C // nh), V = vocab size.
 Token + learned position embeddings, n_layer pre-LayerNorm blocks (causal
 self-attention, then an MLP with the tanh-approximated GELU), a final
 LayerNorm, and an LM head tied to the token embedding. Parameter names are
-the checkpoint's (`wte`, `wpe`, `h.N.ln_1`, `h.N.attn.c_attn`, ...), so
-loading is a name-for-name copy (loading.py transposes the four Conv1D
-weights into nn.Linear's (out, in) layout).
-
-Decoding feeds a few new tokens at a time on top of a KV cache. A `mask`
-says which of the new tokens each one sees: the earlier ones (causal, the
-default), or only its ancestors when the new tokens form a token tree
-(spec_decoding/tree.py). A wider mask also covers the last few cached
-positions (a tree grown one depth per pass). A token's position is where the
-mask's window starts plus the number of window tokens before it that it sees.
-
-One seam lets a faster implementation of the same computation take a pass:
-`GPT2.accelerator` (gpt2/fast puts its C kernels there; None keeps this file's code).
+the checkpoint's (`wte`, `h.N.attn.c_attn`, ...), so loading is a
+name-for-name copy (loading.py). Decoding feeds a few new tokens at a time on
+top of a KV cache; a `mask` lets them form a token tree (`GPT2.forward`). One
+seam lets a faster implementation of the same pass take over:
+`GPT2.accelerator` (gpt2/fast puts its C kernels there; None keeps this code).
 """
 
 from __future__ import annotations

@@ -5,16 +5,14 @@ Legend: K = tokens drafted in a step (γ), α = acceptance rate, α̂ = its esti
 - `FixedGamma`: K = γ every step (Leviathan et al. 2023).
 - `AutoGamma`: the K that maximises the expected tokens per second,
   E(α, K) / (K t_d + t_v(K + 1)), with E from Leviathan et al. 2023, eq. 1,
-  the costs measured on this machine (costs.py), and the expectation taken
-  over what the steps so far say of α (a Beta distribution around the
-  running estimate α̂). K = 0, a plain target step, is chosen when drafting
-  cannot pay.
+  the costs measured on this machine (costs.py), and the expectation over a
+  Beta distribution of α around the running estimate α̂; K = 0 (a plain
+  target step) when drafting cannot pay.
 - `HeuristicGamma`: Hugging Face's `num_assistant_tokens_schedule="heuristic"`,
   K + 2 after a step that accepted every draft, K - 1 otherwise.
 
-A schedule only chooses K from what is already committed, never from the
-step it chooses for, so the output is the same for every schedule: greedy
-identical to the target's, sampling exactly the target's distribution.
+A schedule chooses K only from what is already committed, so the output is the
+same for every schedule: greedy the target's, sampled the target's distribution.
 """
 
 from __future__ import annotations

@@ -5,16 +5,14 @@ level, V = vocab size.
 
 The first pass feeds the committed tokens the draft has not cached yet and
 scores the root (the last committed token). Each later pass feeds a whole
-level of the tree at once, with a tree mask whose window reaches back over the
-levels already cached (gpt2/model.py): every node sees the committed tokens and
-its own ancestors, nothing else. A tree of depth D costs D passes, never one
-per node. Which nodes get children, and how many, follows a `TreeShape`: fixed
-branching per depth, or EAGLE-2's rule (Li et al. 2024): each level keeps the
-candidates with the highest draft path probability.
-
-Greedy decoding drafts the draft's top candidates. Sampling draws a node's
-children without replacement (the draws tree_acceptance.tree_sampling
-verifies), and decides how many children a node gets before drawing them.
+level at once, with a tree mask whose window reaches back over the levels
+already cached (gpt2/model.py): every node sees the committed tokens and its
+own ancestors. A tree of depth D costs D passes, never one per node. Its
+shape follows a `TreeShape`: fixed branching per depth, or EAGLE-2's rule
+(Li et al. 2024), each level keeping the candidates of highest draft path
+probability. Greedy decoding drafts the draft's top candidates; sampling
+draws a node's children without replacement (as tree_acceptance.tree_sampling
+verifies), deciding how many children a node gets before drawing them.
 """
 
 from __future__ import annotations

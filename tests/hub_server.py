@@ -1,20 +1,16 @@
 """A local stand-in for the Hugging Face Hub's file API, so that download tests
 run the real `huggingface_hub` client code without reaching the network.
 
-`huggingface_hub.hf_hub_download(repo_id, filename, local_dir=...)` needs two
-requests, both on `{HF_ENDPOINT}/{repo_id}/resolve/{revision}/{filename}`:
-
-- HEAD, whose headers carry the file's metadata: `X-Repo-Commit` (the 40-hex
-  commit the revision resolves to), `ETag` (a version id of the file) and
-  `Content-Length`. Errors are 404s told apart by `X-Error-Code`:
-  `RepoNotFound` (-> RepositoryNotFoundError) and `EntryNotFound`
-  (-> RemoteEntryNotFoundError); see huggingface_hub/utils/_http.py,
-  `hf_raise_for_status`, and file_download.py, `get_hf_file_metadata`.
-- GET, the same headers plus the bytes.
-
-The `hub` fixture starts a server for a dict {repo_id: {filename: bytes}} and
-points `huggingface_hub` at it. `closed_endpoint()` gives a URL where nothing
-listens, for the "no network" case.
+`hf_hub_download(repo_id, filename, local_dir=...)` makes two requests, both on
+`{HF_ENDPOINT}/{repo_id}/resolve/{revision}/{filename}`: HEAD, whose headers
+carry the file's metadata (`X-Repo-Commit`, the 40-hex commit the revision
+resolves to; `ETag`, a version id of the file; `Content-Length`), and GET,
+the same headers plus the bytes. Errors are 404s told apart by `X-Error-Code`:
+`RepoNotFound` (-> RepositoryNotFoundError) and `EntryNotFound` (->
+RemoteEntryNotFoundError); see huggingface_hub's utils/_http.py
+`hf_raise_for_status` and file_download.py `get_hf_file_metadata`. The `hub`
+fixture serves a dict {repo_id: {filename: bytes}} and points huggingface_hub
+at it; `closed_endpoint()` is a URL where nothing listens (no network).
 """
 
 from __future__ import annotations

@@ -2,19 +2,15 @@
 target's distribution for its own prompt.
 
 As in test_lossless.py, on a GPT-2 with an 8-token vocabulary: a batch of
-B = 2 rows with different prompts (of different lengths) runs N = 10^4
-times from one seeded generator; for each row the empirical joint
-distribution of its first 3 new tokens is compared with the exact one,
-enumerated from the target alone, by Pearson's chi-square test at the 0.999
-quantile (cells expected fewer than 5 times pooled; the same functions as
-test_lossless.py). The draft often disagrees with the target (alpha ~ 0.5),
-so the two rows of a step often accept different numbers of drafts.
-
-The same check is shown to have power: it rejects a batched rule that
-truncates every row to the batch's shortest acceptance m and draws each
-row's next token from the residual at position m + 1, even for rows whose
-draft there was accepted (tokens the draft over-proposes are then drawn
-too rarely for the rows that accepted them).
+B = 2 rows with prompts of different lengths runs N = 10^4 times from one
+seeded generator, and for each row the empirical joint distribution of its
+first 3 new tokens is compared with the exact one by Pearson's chi-square
+test (0.999 quantile). The draft often disagrees with the target (alpha ~
+0.5), so the rows of a step often accept different numbers of drafts. The
+check is shown to reject a batched rule that truncates every row to the
+batch's shortest acceptance m and draws each row's next token from the
+residual at position m + 1, even for rows whose draft there was accepted
+(tokens the draft over-proposes are then drawn too rarely for those rows).
 """
 
 from __future__ import annotations

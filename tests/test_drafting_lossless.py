@@ -1,23 +1,17 @@
 """Smarter and cheaper drafting keeps sampling exact: the output has the target's distribution.
 
-The method of test_lossless.py (whose chi-square helpers this file uses): on
-a GPT-2 with an 8-token vocabulary, the exact distribution of the first 3
-generated tokens is enumerated from the target alone and compared, by
-Pearson's chi-square test at the 0.999 quantile, with the empirical
-distribution of `speculative_generate` over 10^4 seeded runs, for:
-
-- `gamma=AutoGamma(...)` with a short window, one schedule object for all
-  runs, so that K moves between 0 and 4 within and across runs, and a drafter
-  with `p_min` that sometimes stops before K;
-- `NgramDrafter`, whose proposals are point masses, on a prompt where the
-  first step copies two tokens and later steps often find no match (plain
-  target steps);
-- an int8 draft (weights rounded to int8) against the float32 target.
-
-Each check is then shown to fail for a wrong variant of what it tests: a
-p_min test made after sampling (which biases the proposals), and a correction
-drawn from p_target instead of the residual (for the point masses and for the
-int8 draft).
+The method of test_lossless.py: on a GPT-2 with an 8-token vocabulary, the
+exact distribution of the first 3 generated tokens is compared by Pearson's
+chi-square test (0.999 quantile) with that of `speculative_generate` over
+10^4 seeded runs, for: `gamma=AutoGamma(...)` with a short window, one
+schedule for all runs, so that K moves between 0 and 4 within and across
+runs, with a drafter whose `p_min` sometimes stops before K; `NgramDrafter`,
+whose proposals are point masses, on a prompt where the first step copies two
+tokens and later steps often find no match (plain target steps); an int8
+draft against the float32 target. Each check is shown to fail for a wrong
+variant: a p_min test made after sampling (which biases the proposals), and a
+correction drawn from p_target instead of the residual (for the point masses
+and for the int8 draft).
 """
 
 from __future__ import annotations

@@ -2,25 +2,16 @@
 
 On a GPT-2 with an 8-token vocabulary the exact distribution of the first 3
 generated tokens, P(x1, x2, x3) = p_target(x1) p_target(x2 | x1) p_target(x3 | x1, x2),
-is enumerated (512 continuations, one batched forward pass of the target, the
-same `logits_to_probs` filter as generation). It is compared with the
-empirical distribution of `speculative_generate` over many seeded runs with a
-draft that often disagrees with the target (alpha ~ 0.5), so that every
-branch of the rule is taken: rejection at draft position 1, rejection at
-position 2 (correction from the residual), and full acceptance (bonus token).
-
-The comparison is Pearson's chi-square test. Cells whose expected count is
-below 5 are pooled into one cell (the usual validity condition for the
-chi-square approximation); with k cells left the statistic has k - 1 degrees
-of freedom, and the test fails above the 0.999 quantile of chi-square(k - 1),
-computed with the Wilson-Hilferty approximation (no scipy needed; it is
-within 0.3% of the exact quantile for the 26-235 degrees of freedom seen here).
-A correct sampler therefore fails with probability about 0.001 per seed; the
-seeds are fixed, so the outcome is deterministic.
-
-The same check is then shown to have power: it fails, by a wide margin, for
-two plausible wrong rules (always accepting the draft; drawing the correction
-from p_target instead of the residual).
+is enumerated (512 continuations, one batched pass of the target, the same
+`logits_to_probs` filter as generation) and compared with the empirical
+distribution of `speculative_generate` over many seeded runs, by Pearson's
+chi-square test at its 0.999 quantile (helpers.chi_square: a correct sampler
+fails with probability about 0.001 per seed; the seeds are fixed). The draft
+often disagrees with the target (alpha ~ 0.5), so every branch of the rule is
+taken: rejection at draft position 1, rejection at position 2 (correction
+from the residual), and full acceptance (bonus token). The same check is shown
+to fail, by a wide margin, for two plausible wrong rules (always accepting
+the draft; drawing the correction from p_target instead of the residual).
 """
 
 from __future__ import annotations

@@ -101,11 +101,15 @@ def test_all_c_lives_in_the_speed_subpackage():
 
 
 def test_module_docstrings_say_what_and_why_briefly():
+    """Every module of the product, the benchmarks and the tests opens with a
+    docstring of at most 15 lines; details belong to the functions, and
+    measured figures to docs/performance.md."""
+    paths = [*project_modules().values(), *(REPO_ROOT / "tests").glob("*.py")]
     long = {}
-    for package in ("gpt2", "spec_decoding"):
-        for path in (REPO_ROOT / package).rglob("*.py"):
-            docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-            assert docstring, f"{path} has no module docstring"
-            if len(docstring.splitlines()) > 22:
-                long[str(path.relative_to(REPO_ROOT))] = len(docstring.splitlines())
-    assert not long, f"module docstrings of more than ~20 lines: {long}"
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstring = ast.get_docstring(tree) or ""
+        assert docstring or not tree.body, f"{path} has no module docstring"  # an empty __init__.py needs none
+        if len(docstring.splitlines()) > 15:
+            long[str(path.relative_to(REPO_ROOT))] = len(docstring.splitlines())
+    assert not long, f"module docstrings of more than 15 lines: {long}"

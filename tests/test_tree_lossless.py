@@ -2,23 +2,17 @@
 sampling (tree_acceptance.tree_sampling) gives the target's distribution.
 
 The check of tests/test_lossless.py, extended to trees: on the same 8-token
-GPT-2 pair (a draft that often disagrees with the target), the exact
-distribution of the first 3 new tokens (512 continuations, enumerated) is
-compared by Pearson's chi-square test with the empirical distribution of
-`speculative_generate(..., tree=...)` over many seeded runs. The trees have
-two children at depth 1 and at depth 2, so the first step takes every branch
-of the rule: the first child accepted, the second accepted after the first
-was rejected (p_target replaced by the residual, p_draft by p_draft without
-the rejected token), both rejected (the token drawn from the second
-residual), and a full path (the bonus token at a leaf). A dynamic tree, whose
-nodes get children by draft path probability, is checked too. The threshold
-is the 0.999 quantile of chi-square(df); the seeds are fixed.
-
-The same check is then shown to fail for a plausible wrong rule (each
-sibling judged as if it were a chain of one). At one node, on hand-made
-distributions where the two differ most, the rule alone is checked against
-p_target and shown to reject that rule and a subtler one (SpecInfer's
-with-replacement rule applied to children drawn without replacement).
+GPT-2 pair, the exact distribution of the first 3 new tokens is compared by
+Pearson's chi-square test (0.999 quantile, fixed seeds) with that of
+`speculative_generate(..., tree=...)` over many seeded runs. Two children at
+depth 1 and 2 make the first step take every branch of the rule: the first
+child accepted, the second after the first was rejected (p_target replaced by
+the residual, p_draft by p_draft without the rejected token), both rejected,
+and a full path (the bonus token at a leaf); a dynamic tree is checked too.
+The check is shown to fail for a plausible wrong rule (each sibling judged as
+a chain of one); at one node, on hand-made distributions, the rule alone is
+checked against p_target and shown to reject that rule and a subtler one
+(SpecInfer's with-replacement rule on children drawn without replacement).
 """
 
 from __future__ import annotations

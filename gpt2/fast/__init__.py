@@ -1,24 +1,18 @@
 """Opt-in speed for decoding on a CPU: the model's forward pass in C.
 
 A decode step reads every weight once, so on a CPU it should cost what
-reading the weights from memory costs, and verifying a few drafted tokens in
-one pass should cost barely more. PyTorch's BLAS kernels are tuned for many
-rows and pay 2-3x for five; this subpackage streams each weight once for all
-rows (csrc/linear.c), reads the KV cache once for all queries
-(csrc/attention.c) and runs every block of a pass in one C call
-(csrc/blocks.c). What it buys is measured in docs/performance.md.
+reading the weights costs, and verifying a few drafted tokens in one pass
+barely more. This subpackage streams each weight once for all rows
+(csrc/linear.c), reads the KV cache once for all queries (csrc/attention.c)
+and runs every block of a pass in one C call (csrc/blocks.c). A position's
+logits do not depend on how many rows share its pass, so greedy speculative
+decoding reproduces greedy decoding bit for bit. Measured: docs/performance.md.
 
     from gpt2 import fast
     fast.accelerate(model)              # load_model does this by default on a CPU
     fast.accelerate(model, int8=True)   # and rounds the weights to int8 first
     print(fast.status(model))           # which path runs, and why
-    model.accelerator = None            # back to the readable path
-
-The model plugs it in at one seam, `GPT2.accelerator` (gpt2/model.py). The
-environment variable GPT2_PLAIN_LINEAR=1 keeps every model on the readable
-path. On the fast path a position's logits do not depend on how many rows
-share its pass, so greedy speculative decoding reproduces greedy decoding
-bit for bit.
+    model.accelerator = None            # back to the readable path (GPT2_PLAIN_LINEAR=1: every model)
 """
 
 from __future__ import annotations

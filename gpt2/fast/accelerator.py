@@ -5,16 +5,13 @@ weight matrices (`pack_rows`).
 Legend: B = rows, T = new tokens per row, N = B * T, C = n_embd, V = vocab, L = n_layer.
 
 `FastGPT2` sits at the model's seam, `GPT2.accelerator`. It takes every pass
-whose result it computes the same way as the readable path (CPU, float32, no
-gradient, widths that are multiples of 8, a tree mask over at most
-MAX_NEW_TOKENS tokens) and returns None for the rest. A long prefill goes in
-chunks: the kernels give a position the same bits however many tokens share
-its pass. It owns its weight copies (float32, or int8 where the model was
-quantised) and a table of pointers for blocks.c; before every pass it checks
-that the parameters are still the tensors, storage and versions those came
-from, and packs a changed weight again, so a copy never goes stale (an edit
-through `.data`, which bypasses the version counter, is the exception:
-`gpt2.fast.accelerate` says so).
+it computes the same way as the readable path (CPU, float32, no gradient,
+widths that are multiples of 8, a tree mask over at most MAX_NEW_TOKENS
+tokens) and returns None for the rest; a long prefill goes in chunks. It owns
+its weight copies (float32, or int8 where the model was quantised) and a
+table of pointers for blocks.c, and before every pass it packs again any
+parameter whose tensor, storage or version changed, so a copy never goes
+stale (an edit through `.data` is the exception: `gpt2.fast.accelerate`).
 """
 
 from __future__ import annotations

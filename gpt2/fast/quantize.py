@@ -1,25 +1,18 @@
-"""Weight-only int8 quantisation: every weight matrix rounded to 255 levels
-per output row (round to nearest), for the CPU kernel to read a quarter of
-the bytes.
-
-Legend: out, in = a weight matrix's output and input features.
-
-For each weight matrix W (out, in) of the model (the four projections of
-every block, and the token embedding wte, which is also the LM head):
+"""Weight-only int8 quantisation: every weight matrix W (out, in) rounded to
+255 levels per output row, for the CPU kernel to read a quarter of the bytes:
 
     scale[o] = max_i |W[o, i]| / 127
     q[o, i]  = round(W[o, i] / scale[o]),  an int8 in [-127, 127]
     W[o, i] <- scale[o] * q[o, i]
 
-The last line keeps this honest: the model's float32 weights are replaced by
-their quantised values, so from then on the model *is* the quantised model on
-every path (the kernels, the readable path, `state_dict`). Biases, layer
-norms, the position table and the activations stay float32. This is the
-round-to-nearest, per-row ("vector-wise") absmax scheme the weight
-quantisation papers start from (Dettmers et al. 2022, LLM.int8(); Frantar et
-al. 2022, GPTQ, whose baseline it is). Speculative decoding with a quantised
-target is lossless with respect to the quantised target, not the float32
-one; quantising only the draft keeps the float32 target's output.
+The last line keeps this honest: the model's float32 weights become their
+quantised values, so the model *is* the quantised model on every path (the
+kernels, the readable path, `state_dict`). Biases, layer norms, the position
+table and the activations stay float32. This is the per-row absmax scheme
+the weight quantisation papers start from (Dettmers et al. 2022, LLM.int8();
+Frantar et al. 2022, GPTQ). Speculative decoding with a quantised target is
+lossless with respect to the quantised target; quantising only the draft
+keeps the float32 target's output.
 """
 
 from __future__ import annotations
