@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ from gpt2 import GPT2, GPT2Config, fast, init_random_weights, load_model, load_t
 from gpt2 import resolve_device, resolve_dtype
 from gpt2.fast.quantize import quantize_model_int8, resolve_quantize
 from gpt2.hub import resolve_source
+from spec_decoding import TokenTree
 from spec_decoding.stats import clock
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +43,13 @@ TINY_DRAFT = GPT2Config(n_layer=1, n_head=2, n_embd=64)
 def shape(name: str) -> GPT2Config:
     """A preset's config ("gpt2", "gpt2-large", ...) or a tiny one ("tiny", "tiny-draft")."""
     return {"tiny": TINY_TARGET, "tiny-draft": TINY_DRAFT}.get(name) or preset(name)
+
+
+@functools.cache
+def binary_tree_mask(k: int) -> torch.Tensor:
+    """(k, k) bool ancestor mask of a binary token tree in breadth-first order (node i's parent is (i - 1) // 2):
+    mask[i, j] = j is i or an ancestor of i. What a verification pass over k tree nodes takes."""
+    return TokenTree((0,) * k, tuple((i - 1) // 2 for i in range(k))).ancestor_mask()  # the root's parent: -1
 
 
 def device_name(device: torch.device) -> str:

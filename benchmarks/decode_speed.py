@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import functools
 import gc
 import importlib.util
 import os
@@ -30,11 +29,12 @@ from statistics import median
 
 import torch
 
-from benchmarks.common import check_range, environment, environment_lines, logical_cpus, markdown_table
-from benchmarks.common import random_model, results_dir, run_cli, say, set_threads, shape, timed, write_json
+from benchmarks.common import binary_tree_mask, check_range, environment, environment_lines, logical_cpus
+from benchmarks.common import markdown_table, random_model, results_dir, run_cli, say, set_threads, shape, timed
+from benchmarks.common import write_json
 from benchmarks.lockstep import lockstep, plain_decoding, stepwise
 from gpt2 import GPT2, fast, generate
-from spec_decoding import SimulatedDrafter, TokenTree, speculative_generate
+from spec_decoding import SimulatedDrafter, speculative_generate
 from spec_decoding.stats import clock
 
 CPU = torch.device("cpu")
@@ -114,19 +114,12 @@ def step_bytes(model: GPT2, context: int, int8: bool) -> int:
     return weight_bytes(model, int8) + 2 * c.n_layer * (context + 1) * c.n_embd * model.dtype.itemsize
 
 
-@functools.cache
-def tree_mask(k: int) -> torch.Tensor:
-    """(k, k) bool ancestor mask of a binary token tree in breadth-first order
-    (node i's parent is (i - 1) // 2): mask[i, j] = j is i or an ancestor of i."""
-    return TokenTree((0,) * k, tuple((i - 1) // 2 for i in range(k))).ancestor_mask()  # the root's parent: -1
-
-
 @dataclass
 class OursRunner:
     """Our GPT-2 with a KV cache per context slot: the fast path it was given,
     or (`readable`) the same model with `model.accelerator = None`, or
     (`fixed_threads`) the fast path without its thread chooser; `tree`:
-    verification passes take `tree_mask(k)`."""
+    verification passes take `binary_tree_mask(k)`."""
 
     model: GPT2
     name: str = "ours"
@@ -166,7 +159,7 @@ class OursRunner:
         """Logits (1, k, V) of `tokens` (1, k) on top of cache `slot`, which is then rewound."""
         cache = self.caches[slot]
         P, k = cache.length, tokens.size(1)
-        logits = self.forward(tokens, cache, mask=tree_mask(k) if self.tree and k > 1 else None)
+        logits = self.forward(tokens, cache, mask=binary_tree_mask(k) if self.tree and k > 1 else None)
         cache.rewind(P)
         return logits
 

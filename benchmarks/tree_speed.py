@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
 from benchmarks.common import cache_bytes, check_caches_fit, check_passes_fit, noisy_copy, say, shape, timed
-from benchmarks.common import write_json
+from benchmarks.common import binary_tree_mask, write_json
 from benchmarks.lockstep import Method, lockstep, plain_decoding, rotated, stepwise
 from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
 from spec_decoding.stats import clock
@@ -63,14 +63,6 @@ def parse_shape(text: str) -> TreeShape:
 # ---------------------------------------------------------------------------
 # Costs
 # ---------------------------------------------------------------------------
-
-
-def binary_tree_mask(k: int) -> torch.Tensor:
-    """(k, k): node i's parent is (i - 1) // 2."""
-    mask = torch.eye(k, dtype=torch.bool)
-    for i in range(1, k):
-        mask[i] |= mask[(i - 1) // 2]
-    return mask
 
 
 def measure_costs(target: GPT2, draft: GPT2, prompt: torch.Tensor, ks: list[int], widths: list[int],

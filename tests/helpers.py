@@ -191,6 +191,14 @@ def three_drafts(target: GPT2) -> dict[str, GPT2]:
     }
 
 
+def binary_tree_mask(T: int) -> torch.Tensor:
+    """(T, T) bool: node t's parent is (t - 1) // 2, a binary tree; each node sees its ancestors and itself."""
+    mask = torch.eye(T, dtype=torch.bool)
+    for t in range(1, T):
+        mask[t] |= mask[(t - 1) // 2]
+    return mask
+
+
 @dataclass
 class ForwardCall:
     """One forward pass: how many tokens it was fed and how many positions its

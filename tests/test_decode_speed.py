@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from benchmarks.common import TINY_TARGET, run_cli
-from benchmarks.decode_speed import Spinners, main, tree_mask
+from benchmarks.common import TINY_TARGET, binary_tree_mask, run_cli
+from benchmarks.decode_speed import Spinners, main
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: a thread pool only adds waiting
 
@@ -97,14 +97,14 @@ def test_spinners_run_only_inside_their_phase_and_always_stop():
     assert spinners.processes == [] and all(p.poll() is not None for p in started)  # stopped all the same
 
 
-def test_tree_mask_is_a_binary_trees_ancestor_mask():
+def test_the_benchmarks_tree_mask_is_a_binary_trees_ancestor_mask():
     expected = torch.tensor([[1, 0, 0, 0, 0],  # node 0: the root
                              [1, 1, 0, 0, 0],  # 1 and 2: children of 0
                              [1, 0, 1, 0, 0],
                              [1, 1, 0, 1, 0],  # 3 and 4: children of 1
                              [1, 1, 0, 0, 1]], dtype=torch.bool)
-    assert torch.equal(tree_mask(5), expected)
-    depth = tree_mask(32).sum(dim=1) - 1  # what the model adds to a node's position
+    assert torch.equal(binary_tree_mask(5), expected)
+    depth = binary_tree_mask(32).sum(dim=1) - 1  # what the model adds to a node's position
     assert depth.tolist() == [int(math.log2(i + 1)) for i in range(32)]
 
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from gpt2.fast import build
 from gpt2.fast.accelerator import pack_rows
 from gpt2.fast.quantize import dequantize_rows, quantize_rows_int8
+from helpers import binary_tree_mask
 
 FUSED_ATOL = 2e-5
 ATTENTION_ATOL = 1e-5
@@ -225,19 +226,11 @@ def attention_reference(q, k, v, starts, mask):
     return torch.stack(out).float()
 
 
-def tree_mask(T: int) -> torch.Tensor:
-    """(T, T): node t's parent is (t - 1) // 2, a binary tree; each node sees its ancestors and itself."""
-    mask = torch.eye(T, dtype=torch.bool)
-    for t in range(1, T):
-        mask[t] |= mask[(t - 1) // 2]
-    return mask
-
-
 def window_mask(T: int, cached: int) -> torch.Tensor:
     """(T, cached + T): the last level of a binary tree fed one level per
     pass: `cached` nodes already in the cache, then T new ones; node i's
     parent is (i - 1) // 2 (so T = cached + 1 for a full level)."""
-    tree = tree_mask(cached + T)
+    tree = binary_tree_mask(cached + T)
     return tree[cached:]
 
 
@@ -277,7 +270,7 @@ def test_attention_matches_the_float64_reference(fast_kernels, case):
     cache_k, cache_v = torch.randn(B, nh, S, hs, generator=g), torch.randn(B, nh, S, hs, generator=g)
     qkv = 2.0 * torch.randn(B, T, 3, nh, hs, generator=g)
     q, k_new, v_new = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs), strided views
-    mask = {"tree": tree_mask(T), "window": window_mask(T, cached=7), None: None}[mask_kind]
+    mask = {"tree": binary_tree_mask(T), "window": window_mask(T, cached=7), None: None}[mask_kind]
     before_k = cache_k.clone()
     y = kernel_attention(fast_kernels, q, k_new, v_new, cache_k, cache_v, starts, mask)
     for b in range(B):  # the new keys went in at their row's start, and nothing else moved
@@ -295,8 +288,8 @@ def test_the_attention_check_fails_a_kernel_that_ignores_the_mask(fast_kernels):
     cache_k, cache_v = torch.randn(B, nh, 20 + T, hs, generator=g), torch.randn(B, nh, 20 + T, hs, generator=g)
     q, k_new, v_new = torch.randn(3, B, nh, T, hs, generator=g).unbind(0)
     starts = torch.tensor([20])
-    y = kernel_attention(fast_kernels, q, k_new, v_new, cache_k, cache_v, starts, tree_mask(T))
-    assert (y - attention_reference(q, cache_k, cache_v, starts, tree_mask(T))).abs().max() <= ATTENTION_ATOL
+    y = kernel_attention(fast_kernels, q, k_new, v_new, cache_k, cache_v, starts, binary_tree_mask(T))
+    assert (y - attention_reference(q, cache_k, cache_v, starts, binary_tree_mask(T))).abs().max() <= ATTENTION_ATOL
     causal = attention_reference(q, cache_k, cache_v, starts, torch.ones(T, T, dtype=torch.bool).tril())
     assert (y - causal).abs().max() > 100 * ATTENTION_ATOL
 

@@ -22,7 +22,7 @@ import torch
 from gpt2 import GPT2, PRESETS, GPT2Config, fast, generate, init_random_weights
 from gpt2.fast import build
 from gpt2.fast.accelerator import MAX_NEW_TOKENS
-from helpers import REPO_ROOT, tiny_gpt2
+from helpers import REPO_ROOT, binary_tree_mask, tiny_gpt2
 from spec_decoding import speculative_generate
 
 ATOL = 1e-4
@@ -69,13 +69,6 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 # ---------------------------------------------------------------------------
 
 
-def tree_mask(T: int) -> torch.Tensor:
-    mask = torch.eye(T, dtype=torch.bool)  # node t's parent is (t - 1) // 2
-    for t in range(1, T):
-        mask[t] |= mask[(t - 1) // 2]
-    return mask
-
-
 PASSES = {  # B, prompt length, new tokens, mask
     "decode step": (1, 9, 1, None),
     "verification": (1, 9, 5, None),
@@ -90,7 +83,7 @@ PASSES = {  # B, prompt length, new tokens, mask
 def test_the_fast_path_gives_the_readable_logits_and_cache(fast_kernels, case):
     B, P, T, mask_kind = PASSES[case]
     model = fast.accelerate(new_model())
-    mask = tree_mask(T) if mask_kind == "tree" else None
+    mask = binary_tree_mask(T) if mask_kind == "tree" else None
     prompt, new = ids(B, P, 1), ids(B, T, 2)
     (fast_prefill, fast_logits), fast_cache = run(model, prompt, new, mask=mask)
     (slow_prefill, slow_logits), slow_cache = run(model, prompt, new, readable=True, mask=mask)
@@ -302,7 +295,7 @@ def test_passes_it_cannot_take_run_the_readable_code(fast_kernels):
         cache = model.new_cache()
         assert model.accelerator.takes(model, x, cache, None)
         assert model.accelerator.takes(model, x, None, None)  # no KV cache: a scratch one
-        assert not model.accelerator.takes(model, model.wte(ids(1, 70, 1)), cache, tree_mask(70))  # mask too big
+        assert not model.accelerator.takes(model, model.wte(ids(1, 70, 1)), cache, binary_tree_mask(70))  # mask too big
     model.requires_grad_(True)
     x = model.wte(prompt)
     assert not model.accelerator.takes(model, x, model.new_cache(), None)  # gradients are recorded
