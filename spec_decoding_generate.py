@@ -223,8 +223,8 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
             "text": tokenizer.decode(stream.tokens),  # "<|endoftext|>" at the end if generation stopped there
             "token_ids": stream.tokens,
             "accepted_from_draft": stream.accepted,
-            "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, draft_quantize=draft_quantize,
-                                           drafter=drafter_name, schedule=schedule),
+            "settings": {**settings_record(args, sampling, folders, device, dtype, quantize,
+                                           draft_quantize=draft_quantize, drafter=drafter_name, schedule=schedule),
                          "tree": None if tree is None else str(tree)},
             "stats": stats.to_dict(),
             "timings": timings,
@@ -556,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
         tree = check_tree(args)
         if args.prompts_file is not None:
             if tree is not None or args.show_tree:
-                raise ValueError("token trees decode one prompt at a time: drop --tree (or --show-tree) with --prompts-file")
+                raise ValueError("token trees decode one prompt at a time: drop --tree (or --show-tree) with "
+                                 "--prompts-file")
             return run_file(args, sampling, read_prompts_file(args.prompts_file))
         return run(args, sampling, tree, read_prompt(args))
     except KeyboardInterrupt:  # before generation started (loading, downloading)

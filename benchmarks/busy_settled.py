@@ -48,7 +48,8 @@ def measure(model, passes: int) -> dict[str, float]:
     verifies = [once(5) for _ in range(passes)]
     mixed = [(once(1), once(5)) for _ in range(passes)]
     return {"step": statistics.median(steps), "verify5": statistics.median(verifies),
-            "mixed_step": statistics.median(a for a, _ in mixed), "mixed_verify5": statistics.median(b for _, b in mixed)}
+            "mixed_step": statistics.median(a for a, _ in mixed),
+            "mixed_verify5": statistics.median(b for _, b in mixed)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,7 +71,8 @@ class SameLuck(SimulatedDrafter):
 
     def pick(self, position, logits, sampling, generator):
         right = self.reference[position] if position < len(self.reference) else 0
-        token = right if position < len(self.luck) and self.luck[position] < self.alpha else (right + 1) % self.vocab_size
+        lucky = position < len(self.luck) and self.luck[position] < self.alpha
+        token = right if lucky else (right + 1) % self.vocab_size
         return torch.tensor(token), None
 
 target, draft = build(target_name, 0), build(draft_name, 1, draft_int8)
@@ -153,7 +154,8 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("before", help="the checkout to compare against (a folder)")
     p.add_argument("after", help="the checkout with the change (a folder)")
     p.add_argument("--repeats", type=int, default=6)

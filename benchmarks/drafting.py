@@ -187,7 +187,8 @@ def modelled_seconds(schedule, alpha: float, max_gen: int, costs: StepCosts, rng
     return seconds
 
 
-def modelled_runs(costs: StepCosts, alpha: float, max_gen: int, gammas: list[int], seeds: int) -> dict[str, list[float]]:
+def modelled_runs(costs: StepCosts, alpha: float, max_gen: int, gammas: list[int],
+                  seeds: int) -> dict[str, list[float]]:
     """Each method's `modelled_seconds` on coin strings 0 .. seeds - 1 (the
     same strings for every method)."""
     makers = {f"fixed {g}": (lambda g=g: FixedGamma(g)) for g in gammas}
@@ -489,9 +490,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"Last column: the coin strings in groups of --repeats ({args.repeats}), each priced as a timed "
                   "run of this length would find auto / best fixed γ with a perfect clock: the median and 10th "
                   "percentile over the groups, and how often it falls below 0.95.", ""]
-        lines += [f"t_d float32 {costs['float32'].t_draft * 1e3:.2f} ms, int8 {costs['int8'].t_draft * 1e3:.2f} ms; "
-                  f"t_v(1) {costs['float32'].t_verify[0] * 1e3:.1f} ms, t_v(5) {costs['float32'].t_verify[4] * 1e3:.1f} ms "
-                  "(calibrated at the start of this run)", ""]
+        c32, c8 = costs["float32"], costs["int8"]
+        lines += [f"t_d float32 {c32.t_draft * 1e3:.2f} ms, int8 {c8.t_draft * 1e3:.2f} ms; t_v(1) "
+                  f"{c32.t_verify[0] * 1e3:.1f} ms, t_v(5) {c32.t_verify[4] * 1e3:.1f} ms (calibrated at the start of "
+                  "this run)", ""]
     if "ngram" in args.parts:
         repeat_ids = torch.tensor([tokenizer.encode(REPEAT_PROMPT)])
         costs0 = calibrate(target, None, DEFAULT_MAX_GAMMA + 1, refresh=True)
@@ -504,8 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     if "noisy" in args.parts:
         lines += [f"## The noisy pair ({NOISY_CONFIG}, draft noise {args.noise})", "", "### p_min", "",
                   p_min_table(noisy["p_min"]), "", "### int8 draft (fixed γ 4)", "", p_min_table(noisy["int8"]), "",
-                  f"t_d float32 {noisy['t_draft']['float32'] * 1e3:.3f} ms, int8 {noisy['t_draft']['int8'] * 1e3:.3f} ms, "
-                  f"target step {noisy['t_draft']['t_target'] * 1e3:.3f} ms", ""]
+                  f"t_d float32 {noisy['t_draft']['float32'] * 1e3:.3f} ms, int8 {noisy['t_draft']['int8'] * 1e3:.3f} "
+                  f"ms, target step {noisy['t_draft']['t_target'] * 1e3:.3f} ms", ""]
     write_json(out_dir / "drafting.json", report)
     (out_dir / "drafting.md").write_text("\n".join(lines), encoding="utf-8")
     print("\n".join(lines))

@@ -230,7 +230,8 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
                 f"{folder} has no config.json: a model folder needs config.json and model.safetensors "
                 "(as downloaded from the Hugging Face Hub)"
             )
-        raise FileNotFoundError(f"model folder {folder} does not exist: check the path, or pass a Hub repo id such as 'gpt2'")
+        raise FileNotFoundError(f"model folder {folder} does not exist: check the path, or pass a Hub repo id "
+                                "such as 'gpt2'")
     check_repo_id(text)
     return download(text, weights_dir)
 

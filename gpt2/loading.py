@@ -215,7 +215,8 @@ def check_fits_config(shapes: dict[str, tuple[int, ...]], config: GPT2Config, *,
         )
     unexpected = sorted(name for name in shapes if needed_shape(name) is None)
     if unexpected:
-        raise ValueError(f"{source} has tensor(s) GPT-2 does not use, e.g. '{unexpected[0]}': is it a GPT-2 checkpoint?")
+        raise ValueError(f"{source} has tensor(s) GPT-2 does not use, e.g. '{unexpected[0]}': "
+                         "is it a GPT-2 checkpoint?")
 
     for name in needed_names():  # now exactly the checkpoint's names, wte.weight first
         shape, want = tuple(shapes[name]), needed_shape(name)

@@ -67,7 +67,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None, mask: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+    def forward(self, x: torch.Tensor, cache: KVCache | None, mask: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, C), mask as CausalSelfAttention's. -> (B, T, C)"""
         x = x + self.attn(self.ln_1(x), cache, mask)
         x = x + self.mlp(self.ln_2(x))
         return x

@@ -77,7 +77,8 @@ def matrix_weights(model: GPT2) -> dict[str, torch.Tensor]:
     """Every weight matrix a forward pass multiplies by, by parameter name:
     the four projections of each block and wte, the tied LM head. (out, in) each."""
     # In a block, the 2-D parameters are exactly its four projections (layer norms and biases are 1-D).
-    return {name: p for name, p in model.named_parameters() if name == "wte.weight" or (name.startswith("h.") and p.dim() == 2)}
+    return {name: p for name, p in model.named_parameters()
+            if name == "wte.weight" or (name.startswith("h.") and p.dim() == 2)}
 
 
 def quantize_model_int8(model: GPT2) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
