@@ -1,10 +1,14 @@
 """The layout the code promises its readers: the model imports no speed
 machinery, no module imports itself back through others, all C lives in the
-speed subpackage, and module docstrings stay short."""
+speed subpackage, module docstrings stay short, and measured figures live in
+docs/performance.md, not in comments or docstrings."""
 
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 from helpers import REPO_ROOT
@@ -113,3 +117,44 @@ def test_module_docstrings_say_what_and_why_briefly():
         if len(docstring.splitlines()) > 15:
             long[str(path.relative_to(REPO_ROOT))] = len(docstring.splitlines())
     assert not long, f"module docstrings of more than 15 lines: {long}"
+
+
+# A machine's name or a measured time, rate or speedup: what goes stale in a comment.
+MEASURED = re.compile(
+    r"\b(Zen ?\d|EPYC|Xeon)\b"  # a machine
+    r"|\d(\.\d+)? ?(ms|µs|GB/s|MB/s|GiB/s|tokens/s)\b"  # a time or a rate
+    r"|\d\.\d+x (faster|slower)",  # a speedup
+    re.IGNORECASE,
+)
+
+
+def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every comment and docstring of a Python or C file."""
+    source = path.read_text(encoding="utf-8")
+    if path.suffix in (".c", ".h"):
+        blocks = re.finditer(r"/\*.*?\*/|//[^\n]*", source, re.S)  # /* ... */ and // ... comments
+        return [(source[: m.start()].count("\n") + 1, m.group(0)) for m in blocks]
+    found = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+             if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            docstring = ast.get_docstring(node, clean=False)
+            found += [(getattr(node, "lineno", 1), docstring)] if docstring else []
+    return found
+
+
+def test_the_measured_figure_pattern_finds_figures(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Fast."""\n\nx = 1  # 46.7 ms a step on 2 Zen 4 cores\n'
+                      'y = "12 ms"  # a string is not a comment\n')
+    assert [(line, bool(MEASURED.search(text))) for line, text in comments_and_docstrings(sample)] == [
+        (3, True), (4, False), (1, False)]  # the comment with a figure, the one without, the docstring
+
+
+def test_no_measured_figures_in_comments_or_docstrings():
+    """Comments and docstrings say what and why; measured figures, which go stale, are dated in
+    docs/performance.md with the command that made them."""
+    paths = [*project_modules().values(), *(REPO_ROOT / "gpt2" / "fast" / "csrc").glob("*.[ch]")]
+    figures = [f"{path.relative_to(REPO_ROOT)}:{line}: {MEASURED.search(text).group(0)!r}"
+               for path in paths for line, text in comments_and_docstrings(path) if MEASURED.search(text)]
+    assert not figures, figures
