@@ -158,3 +158,14 @@ def test_no_measured_figures_in_comments_or_docstrings():
     figures = [f"{path.relative_to(REPO_ROOT)}:{line}: {MEASURED.search(text).group(0)!r}"
                for path in paths for line, text in comments_and_docstrings(path) if MEASURED.search(text)]
     assert not figures, figures
+
+
+def test_tests_take_fixtures_from_conftest_and_helpers_from_helpers():
+    """pytest loads conftest.py itself; a test that imports it gets a second copy of its module state."""
+    importers = []
+    for path in (REPO_ROOT / "tests").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            importers += [path.name for name in names if name.split(".")[0] == "conftest"]
+    assert not importers, importers
