@@ -1,5 +1,6 @@
-"""Weight-only int8 quantisation: every weight matrix W (out, in) rounded to
-255 levels per output row, for the CPU kernel to read a quarter of the bytes:
+"""Weight-only int8 quantisation: every weight matrix W (out, in), the four
+projections of each block and wte (also the LM head), rounded to 255 levels
+per output row, for the CPU kernel to read a quarter of the bytes:
 
     scale[o] = max_i |W[o, i]| / 127
     q[o, i]  = round(W[o, i] / scale[o]),  an int8 in [-127, 127]
@@ -8,11 +9,10 @@
 The last line keeps this honest: the model's float32 weights become their
 quantised values, so the model *is* the quantised model on every path (the
 kernels, the readable path, `state_dict`). Biases, layer norms, the position
-table and the activations stay float32. This is the per-row absmax scheme
-the weight quantisation papers start from (Dettmers et al. 2022, LLM.int8();
-Frantar et al. 2022, GPTQ). Speculative decoding with a quantised target is
-lossless with respect to the quantised target; quantising only the draft
-keeps the float32 target's output.
+table and the activations stay float32: the per-row absmax scheme weight
+quantisation papers start from (Dettmers et al. 2022, LLM.int8(); Frantar et
+al. 2022, GPTQ). Speculative decoding with a quantised target is lossless
+with respect to it; quantising only the draft keeps the float32 target's output.
 """
 
 from __future__ import annotations
