@@ -1,0 +1,69 @@
+"""The README's Python API example runs as written, from a first download on.
+
+The example loads "gpt2" and "gpt2-large" from the Hub. Here a local Hub
+(hub_server.py) serves two tiny GPT-2s under those ids, with the real GPT-2
+vocabulary; the weights folder and the step-cost cache are redirected to
+tmp_path, and the example's own code block is executed unchanged from the
+working directory a reader would use (its `weights/gpt2-large` is relative).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import gpt2.hub
+import spec_decoding.costs
+from gpt2 import GPT2Config
+from gpt2.loading import CONV1D_SUFFIXES
+from helpers import REPO_ROOT, perturbed_copy, tiny_gpt2, write_checkpoint
+
+CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=128)  # the real vocabulary: 50257 tokens
+
+
+def readme_example() -> str:
+    """The code block under the README's "Python API" heading."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Python API") :]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def hub_files(model, folder) -> dict[str, bytes]:
+    state = {name: (t.t() if name.endswith(CONV1D_SUFFIXES) else t).contiguous()
+             for name, t in model.state_dict().items()}  # the Hub's layout: Conv1D weights (in, out)
+    folder = write_checkpoint(folder, CONFIG, state, with_tokenizer=True)
+    return {name: (folder / name).read_bytes() for name in ("config.json", "model.safetensors", "vocab.json",
+                                                            "merges.txt")}
+
+
+def test_the_readme_example_runs(hub, tmp_path, monkeypatch, single_thread, capsys):
+    target = tiny_gpt2(CONFIG, seed=0)
+    draft = perturbed_copy(target, scale=0.005, seed=1)
+    server = hub({"gpt2-large": hub_files(target, tmp_path / "served" / "target"),
+                  "gpt2": hub_files(draft, tmp_path / "served" / "draft")})
+    monkeypatch.setattr(gpt2.hub, "WEIGHTS_DIR", tmp_path / "weights")
+    monkeypatch.setattr(spec_decoding.costs, "default_cache_dir", lambda: tmp_path / "step-costs")
+    monkeypatch.chdir(tmp_path)
+
+    names: dict = {}
+    exec(compile(readme_example(), "README.md (Python API)", "exec"), names)  # its own asserts run too
+
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["gpt2", "gpt2-large"]
+    assert set(server.files_requested("GET")) == {"config.json", "model.safetensors", "vocab.json", "merges.txt"}
+    printed = capsys.readouterr().out
+    assert printed.startswith("The meaning of life is"), printed
+    enc, ids, baseline = names["enc"], names["ids"], names["baseline"]
+    assert torch.equal(baseline[0, : ids.size(1)], ids[0]) and baseline.size(1) == ids.size(1) + 50
+    prompts = [enc.encode("Hello"), enc.encode("Once upon a time")]
+    rows, stats = names["rows"], names["stats"]  # the batch, the example's last call
+    assert [row[: len(p)] for row, p in zip(rows, prompts)] == prompts
+    assert stats.new_tokens == sum(len(row) - len(p) for row, p in zip(rows, prompts)) == 2 * 50
+
+
+def test_the_example_is_found():
+    code = readme_example()
+    assert "speculative_generate(" in code and "load_model(" in code, code
+    with pytest.raises(AttributeError):  # a README without the block fails loudly, not silently
+        re.search(r"```python\n(.*?)```", "## Python API\nno code", re.S).group(1)
