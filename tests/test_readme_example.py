@@ -1,6 +1,7 @@
-"""The README's Python API example runs as written, from a first download on.
+"""The README's examples hold: its Python API block runs as written, from a
+first download on, and its example output has the labels the command prints.
 
-The example loads "gpt2" and "gpt2-large" from the Hub. Here a local Hub
+The API example loads "gpt2" and "gpt2-large" from the Hub. Here a local Hub
 (hub_server.py) serves two tiny GPT-2s under those ids, with the real GPT-2
 vocabulary; the weights folder and the step-cost cache are redirected to
 tmp_path, and the example's own code block is executed unchanged from the
@@ -67,3 +68,37 @@ def test_the_example_is_found():
     assert "speculative_generate(" in code and "load_model(" in code, code
     with pytest.raises(AttributeError):  # a README without the block fails loudly, not silently
         re.search(r"```python\n(.*?)```", "## Python API\nno code", re.S).group(1)
+
+
+def readme_output() -> list[str]:
+    """The lines of the README's example output under "What the output means", after its `$` command."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## What the output means") :]
+    return re.search(r"```\n\$ [^\n]*\n(.*?)```", section, re.S).group(1).splitlines()
+
+
+def stats_labels(lines: list[str]) -> list[str]:
+    """The labels of the stats block, which opens with "new tokens": each line's first column (21 characters, as
+    cli/report.py aligns them)."""
+    start = next(i for i, line in enumerate(lines) if line.startswith("new tokens "))
+    return [line[:21].strip() for line in lines[start:] if len(line) > 21 and line[20] == " " and line[21] != " "]
+
+
+def test_the_readme_explains_the_output_the_command_prints(tmp_path, single_thread, capsys, no_hub):
+    import spec_decoding_generate as cli
+
+    target = tiny_gpt2(CONFIG, seed=0)
+    folders = {}
+    for role, model in (("target", target), ("draft", perturbed_copy(target, scale=0.005, seed=1))):
+        state = {name: (t.t() if name.endswith(CONV1D_SUFFIXES) else t).contiguous()
+                 for name, t in model.state_dict().items()}
+        folders[role] = write_checkpoint(tmp_path / role, CONFIG, state, with_tokenizer=True)
+    assert cli.main(["--draft", str(folders["draft"]), "--target", str(folders["target"]), "--max-gen", "20",
+                     "--compare", "--no-color"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+
+    documented = readme_output()
+    assert stats_labels(documented) == stats_labels(printed), (documented, printed)
+    assert len(stats_labels(documented)) == 12
+    header = [re.sub(r"\S*/(draft|target)\b", r"\1", line) for line in printed[:2]]  # folders -> their role
+    assert header == [re.sub(r"tiny/(draft|target)\b", r"\1", line) for line in documented[:2]]
