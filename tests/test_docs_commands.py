@@ -78,3 +78,13 @@ def test_a_documented_command_parses(where, command, capsys):
 def test_a_stale_command_is_caught(command, capsys):
     with pytest.raises((ValueError, SystemExit, AssertionError)):
         check_command(command, capsys)
+
+
+def test_docs_cli_describes_every_option_of_the_command():
+    """docs/cli.md names every option the command takes, and no option it does not take."""
+    option = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
+    options = set(option.findall(cli.build_parser().format_help()))
+    documented = set(option.findall((REPO_ROOT / "docs" / "cli.md").read_text(encoding="utf-8")))
+    assert len(options) > 20, options
+    assert options - documented == set(), "options docs/cli.md does not describe"
+    assert documented - options == set(), "options docs/cli.md names that the command does not take"
