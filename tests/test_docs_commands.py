@@ -2,13 +2,14 @@
 option exists and every value passes the script's own checks. Nothing is run.
 
 Checked: README.md, docs/cli.md, docs/parity.md, docs/speculative_decoding.md,
-and the table of docs/performance.md that gives each README figure's command;
-the rest of performance.md is a dated log, whose old commands may use options
-that have changed since.
+the table of docs/performance.md that gives each README figure's command, and
+the usage lines of the scripts' docstrings; the rest of performance.md is a
+dated log, whose old commands may use options that have changed since.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 import shlex
@@ -25,8 +26,11 @@ COMMAND = re.compile(r"python (-m benchmarks\.\w+|spec_decoding_generate\.py)((?
 
 
 def documented_commands() -> list[tuple[str, str]]:
-    """(file, command) for every command of DOCS and of performance.md's reproduction table."""
+    """(file, command) for every command of DOCS, of performance.md's reproduction table, and of the usage lines
+    in the benchmarks' and the command's module docstrings."""
     texts = {name: (REPO_ROOT / name).read_text(encoding="utf-8") for name in DOCS}
+    for path in [*sorted((REPO_ROOT / "benchmarks").glob("*.py")), REPO_ROOT / "spec_decoding_generate.py"]:
+        texts[str(path.relative_to(REPO_ROOT))] = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     log = (REPO_ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
     start = log.index(REPRODUCE)
     texts["docs/performance.md"] = log[start : log.index("\n## ", start + len(REPRODUCE))]
