@@ -310,6 +310,41 @@ def make_drafter_and_schedule(args, target, draft):
     return drafter, make_schedule(args.gamma, target, drafter)
 
 
+def free_memory(device) -> int | None:
+    """Bytes that new tensors on `device` can take now: the memory Linux reports
+    available, or the GPU's free memory; None where neither can be read."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def check_batch_memory(args: argparse.Namespace, target, draft, prompt_ids: list[list[int]], device) -> None:
+    """Raises a ValueError if the KV caches of the largest batch of --prompts-file
+    (target and draft, each row holding its prompt and --max-gen tokens) would
+    not fit in the memory free now: an allocation that big fails, or the
+    system stops the process halfway through the run."""
+    free = free_memory(device)
+    caches = [model.config for model in (target, draft) if model is not None]
+    per_position = sum(2 * c.n_layer * c.n_embd for c in caches) * target.dtype.itemsize  # keys and values
+    n_ctx = target.config.n_ctx
+    need = max(
+        len(batch) * max(min(len(ids) + args.max_gen, n_ctx) for ids in batch) * per_position
+        for batch in (prompt_ids[i : i + args.batch_size] for i in range(0, len(prompt_ids), args.batch_size))
+    )
+    if free is not None and need > free:
+        raise ValueError(
+            f"--batch-size {args.batch_size} needs {need / 2**30:.1f} GiB of KV caches for its longest prompts and "
+            f"--max-gen {args.max_gen}, more than the {free / 2**30:.1f} GiB free on {device}: give a smaller "
+            "--batch-size or --max-gen"
+        )
+
+
 def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]]) -> int:
     """Decodes every prompt of --prompts-file, --batch-size of them at a time
     (spec_decoding/batch.py), and prints one block per prompt in input order,
@@ -340,6 +375,7 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
         args, [text for _, text in prompts], device, dtype, {"draft": draft_quantize, "target": quantize}, lines,
         draft_length=("--gamma", args.gamma),
     )
+    check_batch_memory(args, target, draft, prompt_ids, device)
     first = torch.tensor([prompt_ids[0]], dtype=torch.long, device=device)  # (1, T)
     warm_up(draft, first)
     warm_up(target, first)

@@ -857,6 +857,27 @@ def test_bad_prompts_files(tmp_path, capsys, folders, single_thread, content, ar
     assert_bad_input(result, message.format(path=path))
 
 
+def test_a_batch_whose_caches_would_not_fit_in_memory(tmp_path, capsys, folders, single_thread, monkeypatch):
+    """The largest batch's KV caches against the memory free now: target and draft each hold 2 layers of keys and
+    values of 32 floats a position (1 KiB a position for both), for 3 rows of up to the longest prompt + 20."""
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(FILE_PROMPTS) + "\n", encoding="utf-8")
+    lengths = [len(load_tokenizer(folders["target"]).encode(p)) for p in FILE_PROMPTS]
+    need = 3 * (max(lengths) + int(MAX_GEN)) * 2 * 2 * (2 * CONFIG.n_embd) * 4
+    monkeypatch.setattr(cli, "free_memory", lambda device: need - 1)
+    result = run_main(capsys, *local_models(folders), "--prompts-file", str(path), "--batch-size", "3")
+    assert_bad_input(result, f"--batch-size 3 needs {need / 2**30:.1f} GiB of KV caches for its longest prompts and "
+                     "--max-gen 20, more than the 0.0 GiB free on cpu: give a smaller --batch-size or --max-gen")
+    monkeypatch.setattr(cli, "free_memory", lambda device: need)  # just enough: it runs
+    assert_ok(run_main(capsys, *local_models(folders), "--prompts-file", str(path), "--batch-size", "3"))
+
+
+def test_free_memory_is_what_linux_reports_available():
+    free = cli.free_memory(torch.device("cpu"))
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert free is not None and 0 < free <= total, (free, total)
+
+
 def test_a_missing_prompts_file(tmp_path, capsys):
     assert_bad_input(run_main(capsys, "--prompts-file", str(tmp_path / "nope.txt")), "nope.txt: no such file")
 
