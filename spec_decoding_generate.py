@@ -329,14 +329,15 @@ def check_batch_memory(args: argparse.Namespace, target, draft, prompt_ids: list
     (target and draft, each row holding its prompt and --max-gen tokens) would
     not fit in the memory free now: an allocation that big fails, or the
     system stops the process halfway through the run."""
+    from gpt2 import KVCache
+
     free = free_memory(device)
-    caches = [model.config for model in (target, draft) if model is not None]
-    per_position = sum(2 * c.n_layer * c.n_embd for c in caches) * target.dtype.itemsize  # keys and values
-    n_ctx = target.config.n_ctx
-    need = max(
-        len(batch) * max(min(len(ids) + args.max_gen, n_ctx) for ids in batch) * per_position
-        for batch in (prompt_ids[i : i + args.batch_size] for i in range(0, len(prompt_ids), args.batch_size))
-    )
+    need = 0
+    for start in range(0, len(prompt_ids), args.batch_size):
+        batch = prompt_ids[start : start + args.batch_size]
+        positions = max(len(ids) for ids in batch) + args.max_gen  # each model clips its cache to its window
+        need = max(need, sum(KVCache.nbytes(m.config, len(batch), min(positions, m.config.n_ctx), target.dtype)
+                             for m in (target, draft) if m is not None))
     if free is not None and need > free:
         raise ValueError(
             f"--batch-size {args.batch_size} needs {need / 2**30:.1f} GiB of KV caches for its longest prompts and "

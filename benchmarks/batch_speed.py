@@ -26,10 +26,10 @@ from statistics import median
 import torch
 
 from benchmarks.common import build_pair, check_range, environment, environment_lines, markdown_table, results_dir
-from benchmarks.common import cache_bytes, check_caches_fit, run_cli, say, set_threads, shape, timed, write_json
+from benchmarks.common import check_caches_fit, run_cli, say, set_threads, shape, timed, write_json
 from benchmarks.decode_speed import BandwidthProbe, weight_bytes
 from benchmarks.lockstep import Method, lockstep, paused_passes
-from gpt2 import GPT2, fast, generate
+from gpt2 import GPT2, KVCache, fast, generate
 from gpt2.fast.quantize import matrix_weights
 from spec_decoding import SimulatedBatchDrafter, predicted_speedup, speculative_generate
 from spec_decoding.stats import clock
@@ -372,7 +372,7 @@ def check_cache_memory(args: argparse.Namespace) -> None:
     rows = sum(min(B, args.prompts) for B in args.batch_sizes) * (1 + len(args.gammas))  # plain + each gamma
     positions = args.prompt_len + SPREAD + args.new_tokens + max(args.gammas) + 1
     names = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
-    check_caches_fit(sum(cache_bytes(shape(name), positions, rows) for name in names),
+    check_caches_fit(sum(KVCache.nbytes(shape(name), rows, positions) for name in names),
                      "give fewer or smaller --batch-sizes, fewer --gammas or fewer --new-tokens")
 
 

@@ -303,13 +303,6 @@ def check_passes_fit(n_ctx: int, used: int, what_uses: str, passes: dict[str, in
                              f"positions) the context window of {n_ctx} has room for {max(room, 0)}: {fix}")
 
 
-def cache_bytes(config: GPT2Config, positions: int | None = None, rows: int = 1, itemsize: int = 4) -> int:
-    """Bytes of a KV cache of `rows` rows and `positions` positions (default: the whole window, as a decoding
-    loop's cache holds): keys and values of every layer."""
-    positions = config.n_ctx if positions is None else positions
-    return 2 * config.n_layer * config.n_embd * positions * rows * itemsize
-
-
 def machine_memory() -> int:
     """Bytes of this machine's physical memory."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

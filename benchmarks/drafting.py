@@ -29,7 +29,6 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.common import (
-    cache_bytes,
     check_caches_fit,
     environment,
     environment_lines,
@@ -46,7 +45,7 @@ from benchmarks.common import (
 from benchmarks.lockstep import lockstep, plain_decoding, rotated, stepwise
 from benchmarks.prompts import PROMPTS
 from benchmarks.sweep_report import pooled
-from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
+from gpt2 import GPT2, GPT2Config, KVCache, fast, generate, init_random_weights
 from spec_decoding import (
     AutoGamma,
     FixedGamma,
@@ -451,7 +450,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ValueError(f"--noise must be a finite number >= 0, got {args.noise}")
     if {"simulated", "ngram"} & set(args.parts):  # their methods run in lockstep: plain, each fixed γ, auto, +2/-1
         names = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
-        check_caches_fit((len(set(args.gammas)) + 3) * sum(cache_bytes(shape(n)) for n in names),
+        check_caches_fit((len(set(args.gammas)) + 3) * sum(KVCache.nbytes(shape(n)) for n in names),
                          "give fewer --gammas")
     return args
 

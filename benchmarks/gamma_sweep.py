@@ -26,12 +26,12 @@ import torch
 from tqdm import tqdm
 
 from benchmarks import sweep_report
-from benchmarks.common import ModelPair, build_pair, cache_bytes, check_caches_fit, check_passes_fit, encode_prompts
+from benchmarks.common import ModelPair, build_pair, check_caches_fit, check_passes_fit, encode_prompts
 from benchmarks.common import environment, load_prompt_tokenizer, results_dir, run_cli, set_threads
 from benchmarks.lockstep import Method, lockstep, plain_decoding, rotated, stepwise
 from benchmarks.prompts import PROMPTS
 from benchmarks.tree_speed import parse_shape
-from gpt2 import SamplingConfig, fast, generate
+from gpt2 import KVCache, SamplingConfig, fast, generate
 from spec_decoding import SimulatedDrafter, SimulatedTreeDrafter, SpecStats, TokenTree, TreeShape
 from spec_decoding import speculative_generate
 from spec_decoding.stats import clock
@@ -277,7 +277,7 @@ def check_fits(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], setting
     check_passes_fit(n_ctx, longest + max_gen, f"the longest prompt ({longest} tokens) and --max-gen {max_gen}",
                      passes)
     runs = (1 + bool(settings.peer)) * (1 + len(settings.alpha_settings) * (len(settings.gammas) + len(settings.trees)))
-    per_run = sum(cache_bytes(m.config, itemsize=pair.dtype.itemsize) for m in (pair.target, pair.draft))
+    per_run = sum(KVCache.nbytes(m.config, dtype=pair.dtype) for m in (pair.target, pair.draft))
     check_caches_fit(runs * per_run, "give fewer --gamma, --tree or --simulate-acceptance values, one sweep each")
 
 

@@ -25,10 +25,10 @@ from statistics import median
 import torch
 
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
-from benchmarks.common import cache_bytes, check_caches_fit, check_passes_fit, noisy_copy, say, shape, timed
+from benchmarks.common import check_caches_fit, check_passes_fit, noisy_copy, say, shape, timed
 from benchmarks.common import binary_tree_mask, write_json
 from benchmarks.lockstep import Method, lockstep, plain_decoding, rotated, stepwise
-from gpt2 import GPT2, GPT2Config, fast, generate, init_random_weights
+from gpt2 import GPT2, GPT2Config, KVCache, fast, generate, init_random_weights
 from spec_decoding.stats import clock
 from spec_decoding import (
     SimulatedDrafter,
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     check_passes_fit(n_ctx, prompt_len + args.new_tokens,
                      f"a prompt of {prompt_len} tokens and --new-tokens {args.new_tokens}", passes)
     runs = 2 + 2 * args.measure * len(args.profiles.split(","))  # plain, chains and trees, the chain as a tree
-    check_caches_fit(runs * sum(cache_bytes(shape(n)) for n in (args.target, args.draft)),
+    check_caches_fit(runs * sum(KVCache.nbytes(shape(n)) for n in (args.target, args.draft)),
                      "give a smaller --measure or fewer --profiles")
     folder = results_dir(args.out, "tree_speed")
     target = random_model(shape(args.target), device=CPU, dtype=torch.float32, seed=0)

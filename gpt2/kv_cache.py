@@ -55,6 +55,14 @@ class KVCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.int64)  # (B,)
         self.capacity = capacity
 
+    @staticmethod
+    def nbytes(config: GPT2Config, batch_size: int = 1, capacity: int | None = None,
+               dtype: torch.dtype = torch.float32) -> int:
+        """Bytes of the two buffers of a KVCache(config, batch_size, capacity=capacity, dtype=dtype), before
+        allocating them: what a caller checks against the memory it has."""
+        capacity = config.n_ctx if capacity is None else capacity
+        return 2 * config.n_layer * batch_size * config.n_head * capacity * config.head_size * dtype.itemsize
+
     @property
     def batch_size(self) -> int:
         return self.k.size(1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt2 import GPT2, PRESETS, GPT2Config, load_model
+from gpt2 import GPT2, PRESETS, GPT2Config, KVCache, load_model
 from gpt2.fast.accelerator import FastGPT2
 from helpers import TINY, hub_state_dict, make_hf_model, write_checkpoint
 
@@ -175,6 +175,14 @@ def test_the_whole_context_window_fits(tiny):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("batch_size, capacity, dtype", [(1, None, torch.float32), (3, 17, torch.bfloat16)])
+def test_a_caches_size_is_known_before_it_is_allocated(batch_size, capacity, dtype):
+    config = GPT2Config(n_layer=3, n_head=2, n_embd=16, n_ctx=40, vocab_size=50)
+    cache = KVCache(config, batch_size, capacity=capacity, dtype=dtype)
+    assert KVCache.nbytes(config, batch_size, capacity, dtype) == cache.k.nbytes + cache.v.nbytes
+    assert KVCache.nbytes(PRESETS["gpt2-large"]) == 2 * 36 * 1024 * 1280 * 4  # 377 MB: one row of the whole window
+
+
 def test_uncached_forward_past_the_context_window_raises_value_error(tiny):
     ids = random_ids(TINY, B=1, T=TINY.n_ctx + 1)
     with pytest.raises(ValueError, match=rf"{TINY.n_ctx + 1} tokens .*context window of {TINY.n_ctx}"):
