@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from benchmarks.common import noisy_copy
 from gpt2 import GPT2, GPT2Config, init_random_weights, logits_to_probs
+from gpt2.loading import CONV1D_SUFFIXES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The real GPT-2 vocabulary, beside the repository (../shared/gpt2-bpe).
@@ -108,6 +109,12 @@ def hub_state_dict(hf_model) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------
 # Checkpoint folders
 # ---------------------------------------------------------------------------
+
+
+def hub_layout(model: GPT2) -> dict[str, torch.Tensor]:
+    """Our weights under the Hub's names, Conv1D weights back in (in, out): what `write_checkpoint` takes."""
+    return {name: (t.t() if name.endswith(CONV1D_SUFFIXES) else t).contiguous()
+            for name, t in model.state_dict().items()}
 
 
 def write_checkpoint(

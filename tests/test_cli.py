@@ -36,8 +36,7 @@ from cli.report import print_comparison
 from cli.stream import ACCEPTED_STYLE, TARGET_STYLE, TokenStream
 from gpt2 import GPT2, GPT2Config, load_tokenizer
 from gpt2.generate import first_difference
-from gpt2.loading import CONV1D_SUFFIXES
-from helpers import REPO_ROOT, perturbed_copy, tiny_gpt2, write_checkpoint
+from helpers import REPO_ROOT, hub_layout, perturbed_copy, tiny_gpt2, write_checkpoint
 from hub_server import HubServer, closed_endpoint
 
 SCRIPT = REPO_ROOT / "spec_decoding_generate.py"
@@ -50,14 +49,6 @@ MAX_GEN = "20"
 # ---------------------------------------------------------------------------
 # Models and running the script
 # ---------------------------------------------------------------------------
-
-
-def hub_layout(model: GPT2) -> dict[str, torch.Tensor]:
-    """Our weights under the Hub's names, Conv1D weights back in (in, out)."""
-    return {
-        name: (t.t() if name.endswith(CONV1D_SUFFIXES) else t).contiguous()
-        for name, t in model.state_dict().items()
-    }
 
 
 @pytest.fixture(scope="module")

@@ -40,9 +40,9 @@ def documented_commands() -> list[tuple[str, str]]:
 def check_command(command: str, capsys) -> None:
     """Raises (ValueError, SystemExit, AssertionError) unless `command` parses: each option is in its script's
     --help, and the script's own checks of the values pass (`parse_args`; the CLI's `check_settings`)."""
-    words = shlex.split(command)
-    script, argv = words[1:3] if words[1] == "-m" else words[1:2], words[3:] if words[1] == "-m" else words[2:]
-    if script == ["spec_decoding_generate.py"]:
+    words = shlex.split(command)  # python -m benchmarks.X ARGS, or python spec_decoding_generate.py ARGS
+    if words[1] == "spec_decoding_generate.py":
+        argv = words[2:]
         if argv == ["--help"]:
             with pytest.raises(SystemExit) as done:
                 cli.build_parser().parse_args(argv)
@@ -52,12 +52,13 @@ def check_command(command: str, capsys) -> None:
         check_settings(args)
         check_tree(args)
         return
-    module = importlib.import_module(script[1])
+    name, argv = words[2], words[3:]
+    module = importlib.import_module(name)
     with pytest.raises(SystemExit):
         module.main(["--help"])
     help_text = capsys.readouterr().out
     unknown = [w for w in argv if w.startswith("--") and not re.search(rf"{re.escape(w)}\b", help_text)]
-    assert not unknown, f"{command}: {unknown} not in `python -m {script[1]} --help`"
+    assert not unknown, f"{command}: {unknown} not in `python -m {name} --help`"
     if hasattr(module, "parse_args"):
         module.parse_args(argv)
 

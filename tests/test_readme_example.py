@@ -17,8 +17,7 @@ import torch
 import gpt2.hub
 import spec_decoding.costs
 from gpt2 import GPT2Config
-from gpt2.loading import CONV1D_SUFFIXES
-from helpers import REPO_ROOT, perturbed_copy, tiny_gpt2, write_checkpoint
+from helpers import REPO_ROOT, hub_layout, perturbed_copy, tiny_gpt2, write_checkpoint
 
 CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=128)  # the real vocabulary: 50257 tokens
 
@@ -31,9 +30,7 @@ def readme_example() -> str:
 
 
 def hub_files(model, folder) -> dict[str, bytes]:
-    state = {name: (t.t() if name.endswith(CONV1D_SUFFIXES) else t).contiguous()
-             for name, t in model.state_dict().items()}  # the Hub's layout: Conv1D weights (in, out)
-    folder = write_checkpoint(folder, CONFIG, state, with_tokenizer=True)
+    folder = write_checkpoint(folder, CONFIG, hub_layout(model), with_tokenizer=True)
     return {name: (folder / name).read_bytes() for name in ("config.json", "model.safetensors", "vocab.json",
                                                             "merges.txt")}
 
@@ -87,9 +84,7 @@ def test_the_readme_explains_the_output_the_command_prints(tmp_path, single_thre
     target = tiny_gpt2(CONFIG, seed=0)
     folders = {}
     for role, model in (("target", target), ("draft", perturbed_copy(target, scale=0.005, seed=1))):
-        state = {name: (t.t() if name.endswith(CONV1D_SUFFIXES) else t).contiguous()
-                 for name, t in model.state_dict().items()}
-        folders[role] = write_checkpoint(tmp_path / role, CONFIG, state, with_tokenizer=True)
+        folders[role] = write_checkpoint(tmp_path / role, CONFIG, hub_layout(model), with_tokenizer=True)
     assert cli.main(["--draft", str(folders["draft"]), "--target", str(folders["target"]), "--max-gen", "20",
                      "--compare", "--no-color"]) == 0
     printed = capsys.readouterr().out.splitlines()
