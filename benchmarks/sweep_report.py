@@ -23,11 +23,11 @@ if TYPE_CHECKING:
     from benchmarks.gamma_sweep import Cell, SweepResult
 
 
-def predicted_speedup_with_start(alpha: float, gamma: int, n: int, t_draft: float, t_target: float,
+def predicted_speedup_with_start(E: float, gamma: int, n: int, t_draft: float, t_target: float,
                                  t_verify: float, t_start_target: float, t_start_draft: float) -> float:
-    """(S_t + n t_t) / (S_t + S_d + (n / E)(γ t_d + t_v(γ+1))): the prediction for whole runs of n tokens, with
-    S_t, S_d the target's and draft's start-up (new KV cache + prompt prefill), paid once a run by both sides."""
-    E = expected_tokens_per_step(alpha, gamma)
+    """(S_t + n t_t) / (S_t + S_d + (n / E)(γ t_d + t_v(γ+1))): the prediction for whole runs of n tokens at E
+    tokens per target call, with S_t, S_d the target's and draft's start-up (new KV cache + prompt prefill), paid
+    once a run by both sides."""
     return (t_start_target + n * t_target) / (t_start_target + t_start_draft + (n / E) * (gamma * t_draft + t_verify))
 
 
@@ -112,11 +112,10 @@ def cell_row(result: SweepResult, cell: Cell) -> dict:
     if cell.tree is None:
         E = expected_tokens_per_step(stats.alpha, gamma)
         predicted = predicted_speedup(stats.alpha, gamma, t_d, t_t, t_v)
-        with_start = predicted_speedup_with_start(stats.alpha, gamma, n, t_d, t_t, t_v, s_t, s_d)
     else:  # a tree has no closed form in α: its measured tokens per call stand in for E; one draft pass per depth
         E = stats.tokens_per_target_call
         predicted = E * t_t / (gamma * t_d + t_v)
-        with_start = (s_t + n * t_t) / (s_t + s_d + (n / E) * (gamma * t_d + t_v))
+    with_start = predicted_speedup_with_start(E, gamma, n, t_d, t_t, t_v, s_t, s_d)
     row = {
         "max_gen": n, "gamma": gamma, "tree": cell.tree, "alpha_sim": cell.alpha_sim,
         "drafter": "model" if cell.alpha_sim is None else "simulated",

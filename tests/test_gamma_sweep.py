@@ -60,9 +60,9 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_prediction_with_start_up_costs():
-    # alpha 1, gamma 1: E = 2 tokens per step of 1 + 10; 10 tokens = 5 steps.
+    # E = 2 tokens per step of 1 + 10 (alpha 1, gamma 1); 10 tokens = 5 steps.
     # Baseline 20 + 10 * 10 = 120, speculative 20 + 5 + 5 * 11 = 80.
-    args = dict(alpha=1.0, gamma=1, n=10, t_draft=1.0, t_target=10.0, t_verify=10.0)
+    args = dict(E=2.0, gamma=1, n=10, t_draft=1.0, t_target=10.0, t_verify=10.0)
     assert predicted_speedup_with_start(**args, t_start_target=20.0, t_start_draft=5.0) == pytest.approx(1.5)
     # Without start-up costs it is the per-step prediction.
     assert predicted_speedup_with_start(**args, t_start_target=0.0, t_start_draft=0.0) == pytest.approx(
