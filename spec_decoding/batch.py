@@ -28,7 +28,7 @@ from gpt2.generate import (
     prefill_rows,
 )
 from gpt2.model import GPT2
-from gpt2.sampling import SamplingConfig, logits_to_probs
+from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
 from .acceptance import Verdict, speculative_sampling, speculative_sampling_greedy
 from .batch_drafters import BatchDraft, BatchDrafter
@@ -157,7 +157,8 @@ def batch_speculative_generate(
     as_tensor = isinstance(input_ids, torch.Tensor) and lengths is None
     rows = check_prompts(input_ids, lengths, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
-    generators = row_generators(generator, len(rows))
+    generators = [check_generator(g, None if sampling.greedy else target.device)
+                  for g in row_generators(generator, len(rows))]
     if stats is None:
         stats = BatchStats(gamma, len(rows))
     if not (isinstance(stats, BatchStats) and stats.gamma == gamma and len(stats.rows) == len(rows)

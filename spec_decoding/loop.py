@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from gpt2.generate import check_eos_id, check_max_new_tokens, check_model, check_prompt
 from gpt2.model import GPT2
-from gpt2.sampling import SamplingConfig, logits_to_probs
+from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
 from .acceptance import speculative_sampling, speculative_sampling_greedy
 from .batch import batch_speculative_generate, row_generators
@@ -137,6 +137,7 @@ def speculative_generate(
         )
     check_prompt(input_ids, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
+    check_generator(generator, None if sampling.greedy else target.device)
 
     schedule = make_schedule(gamma, target, drafter)
     gamma = schedule.max_gamma  # the most tokens a step drafts

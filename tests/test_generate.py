@@ -15,6 +15,7 @@ import torch
 
 from helpers import TINY, hub_state_dict, make_hf_model, write_checkpoint
 from gpt2 import SamplingConfig, generate, load_model, logits_to_probs, next_token, sample
+from gpt2.sampling import check_generator
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +275,15 @@ def test_sample_reproduces_with_a_seeded_generator_and_follows_the_distribution(
     # 5 standard errors of a frequency from 4000 draws: 5 * sqrt(p (1 - p) / N) <= 0.04.
     tolerance = 5 * math.sqrt(0.25 / 4000)
     assert torch.allclose(freq, torch.tensor([0.1, 0.0, 0.6, 0.3]), atol=tolerance)
+
+
+def test_a_generator_of_another_kind_of_device_is_refused_before_sampling():
+    """torch draws on the device of the probabilities, with a generator of that device; a CPU generator for a
+    GPU model gets one line saying how to make the right one (tests/test_cuda.py runs it on a GPU)."""
+    cpu = torch.Generator().manual_seed(0)
+    assert check_generator(cpu, torch.device("cpu")) is cpu
+    assert check_generator(cpu, None) is cpu  # no sampling: the generator is never used
+    assert check_generator(None, torch.device("cuda")) is None
+    with pytest.raises(ValueError, match=r"a cpu generator, but the model samples on cuda: make it there, "
+                                         r"torch.Generator\(device='cuda'\)"):
+        check_generator(cpu, torch.device("cuda"))
