@@ -40,6 +40,10 @@ from helpers import REPO_ROOT, hub_layout, perturbed_copy, tiny_gpt2, write_chec
 from hub_server import HubServer, closed_endpoint
 
 SCRIPT = REPO_ROOT / "spec_decoding_generate.py"
+# The command's default device, auto, takes a GPU where there is one; these tests describe the CPU (int8, the
+# fast path, its dtypes), so every run starts with --device cpu (a test's own --device comes later and wins).
+# tests/test_cuda.py runs the command on a GPU.
+ON_CPU = ["--device", "cpu"]
 CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=128)  # vocab_size 50257: the real tokenizer
 SHORT_WINDOW = 32  # the context window of a draft that sees less than the target
 DRAFT_NOISE = 0.005  # weight perturbation of the draft: alpha ~ 0.5-0.9 on these models
@@ -95,7 +99,7 @@ def cli_env(tmp_path: Path, endpoint: str | None = None) -> dict[str, str]:
 def run_cli(tmp_path: Path, *args: str, stdin: str = "", endpoint: str | None = None) -> subprocess.CompletedProcess:
     """Runs the script from the repository root with downloads going to tmp_path/weights."""
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "--weights-dir", str(tmp_path / "weights"), *args],
+        [sys.executable, str(SCRIPT), *ON_CPU, "--weights-dir", str(tmp_path / "weights"), *args],
         cwd=REPO_ROOT,
         env=cli_env(tmp_path, endpoint),
         input=stdin,
@@ -110,7 +114,7 @@ def run_main(capsys, *args: str) -> subprocess.CompletedProcess:
     """`cli.main(args)` in this process (argparse's errors exit through
     SystemExit), as a CompletedProcess of its exit code, stdout and stderr."""
     try:
-        code = cli.main(list(args))
+        code = cli.main([*ON_CPU, *args])
     except SystemExit as e:
         code = e.code
     captured = capsys.readouterr()
@@ -125,7 +129,7 @@ def run_in_pty(tmp_path: Path, args: list[str], *, endpoint: str | None = None, 
     if size is not None:
         fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", size[0], size[1], 0, 0))
     process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--weights-dir", str(tmp_path / "weights"), *args],
+        [sys.executable, str(SCRIPT), *ON_CPU, "--weights-dir", str(tmp_path / "weights"), *args],
         cwd=REPO_ROOT, env=cli_env(tmp_path, endpoint), stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
     )
     os.close(follower)
@@ -543,7 +547,7 @@ def test_ctrl_c_prints_the_text_and_stats_so_far_with_exit_code_130(
 
     monkeypatch.setattr(spec_decoding, "speculative_generate", interrupted_generate)
     extra = ["--json"] if output == "json" else []
-    code = cli.main(["--weights-dir", str(tmp_path / "weights"), *local_models(folders), "--compare", *extra])
+    code = cli.main([*ON_CPU, "--weights-dir", str(tmp_path / "weights"), *local_models(folders), "--compare", *extra])
     out = capsys.readouterr().out
     assert code == 130
     if output == "json":

@@ -86,7 +86,7 @@ def test_the_readme_explains_the_output_the_command_prints(tmp_path, single_thre
     for role, model in (("target", target), ("draft", perturbed_copy(target, scale=0.005, seed=1))):
         folders[role] = write_checkpoint(tmp_path / role, CONFIG, hub_layout(model), with_tokenizer=True)
     assert cli.main(["--draft", str(folders["draft"]), "--target", str(folders["target"]), "--max-gen", "20",
-                     "--compare", "--no-color"]) == 0
+                     "--compare", "--no-color", "--device", "cpu"]) == 0  # the README's run: on a CPU
     printed = capsys.readouterr().out.splitlines()
 
     documented = readme_output()
