@@ -222,6 +222,12 @@ def markdown(result: SweepResult, rows: list[dict], env: dict, command: str) -> 
         identical = sum(r["identical_runs"] for r in rows)
         lines += ["", f"Greedy check: {identical} of {compared} speculative runs produced exactly the baseline's "
                   "tokens."]
+        if identical < compared:  # where they part: docs/parity.md; a simulated drafter then leaves the path
+            lines.append("Runs part from the baseline where its top two logits nearly tie and a one-row step and a "
+                         "multi-row pass round them apart (rare in float32, common in half precision with random "
+                         "weights; `python -m benchmarks.parity_check` says which)"
+                         + (": a simulated drafter copies the baseline, so after such a point its proposals leave "
+                            "the path and α falls below α_sim." if s.simulate else "."))
     if s.peer and q.greedy:
         lines.append(f"transformers' assisted runs identical to our baseline: "
                      f"{sum(r['hf_identical_runs'] for r in rows)} of {compared}.")

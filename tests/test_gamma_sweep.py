@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import common, gamma_sweep
+from benchmarks import common, gamma_sweep, sweep_report
 from benchmarks.common import run_cli
 from benchmarks.gamma_sweep import ComponentTimer, main
 from benchmarks.lockstep import lockstep
@@ -208,6 +208,7 @@ def test_simulated_sweep_is_labelled_and_controls_acceptance(tmp_path, prompt_to
     assert main(TINY_SWEEP + ["--simulate-acceptance", "0.5", "1.0", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "sweep.md").read_text()
     assert "SIMULATED ACCEPTANCE (alpha_sim = 0.5, 1)" in md and "| α_sim |" in md
+    assert "Greedy check: 32 of 32" in md and "Runs part from the baseline" not in md
     report = json.loads((tmp_path / "sweep.json").read_text())
     assert report["simulated_acceptance"] == [0.5, 1.0]
     assert any("SIMULATED ACCEPTANCE" in label for label in report["labels"])
@@ -219,6 +220,16 @@ def test_simulated_sweep_is_labelled_and_controls_acceptance(tmp_path, prompt_to
         if float(r["alpha_sim"]) == 1.0:
             assert float(r["alpha"]) == 1.0
             assert float(r["accepted_per_drafted"]) == 1.0
+
+
+def test_runs_that_part_from_the_baseline_are_explained(tmp_path, prompt_tokenizer, monkeypatch):
+    real = sweep_report.cell_row  # as if no run had matched the baseline: how a half-precision sweep can read
+    monkeypatch.setattr(sweep_report, "cell_row", lambda result, cell: {**real(result, cell), "identical_runs": 0})
+    assert main(TINY_SWEEP + ["--simulate-acceptance", "0.5", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "sweep.md").read_text()
+    assert "Greedy check: 0 of 16 speculative runs" in md
+    assert "Runs part from the baseline where its top two logits nearly tie" in md
+    assert "a simulated drafter copies the baseline, so after such a point its proposals leave the path" in md
 
 
 def test_token_trees_are_swept_beside_the_gammas(tmp_path, prompt_tokenizer):
