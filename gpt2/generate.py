@@ -253,7 +253,7 @@ def generate(
         check_prompt(input_ids, model.config.n_ctx, model.config.vocab_size)
     prompts = check_prompts(input_ids, lengths, model.config.n_ctx, model.config.vocab_size)
     eos_id = check_eos_id(eos_id, model.config.vocab_size)
-    generator = check_generator(generator, None if config.greedy else model.device)
+    generator = check_generator(generator, config, model.device)
     rows = decode_rows(model, prompts, max_new_tokens, config, eos_id, generator)
     if not as_tensor:
         return rows

@@ -104,16 +104,20 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
     return probs
 
 
-def check_generator(generator, device: torch.device | None = None) -> torch.Generator | None:
+def check_generator(
+    generator, sampling: SamplingConfig | None = None, device: torch.device | None = None
+) -> torch.Generator | None:
     """`generator` if it is a torch.Generator or None, else a ValueError; also
-    a ValueError if it belongs to another kind of device than `device`, the
-    one that will sample with it (None: no sampling, any generator will do)."""
+    a ValueError if `sampling` samples (not greedy) on `device` and the
+    generator belongs to another kind of device (greedy draws nothing: any
+    generator will do)."""
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(
             f"generator must be a torch.Generator or None, got {type(generator).__name__}: "
             "e.g. torch.Generator().manual_seed(0)"
         )
-    if generator is not None and device is not None and generator.device.type != device.type:
+    samples = sampling is not None and not sampling.greedy and device is not None
+    if generator is not None and samples and generator.device.type != device.type:
         raise ValueError(
             f"the generator is a {generator.device.type} generator, but the model samples on {device.type}: "
             f"make it there, torch.Generator(device='{device.type}').manual_seed(0)"

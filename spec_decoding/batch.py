@@ -157,8 +157,7 @@ def batch_speculative_generate(
     as_tensor = isinstance(input_ids, torch.Tensor) and lengths is None
     rows = check_prompts(input_ids, lengths, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
-    generators = [check_generator(g, None if sampling.greedy else target.device)
-                  for g in row_generators(generator, len(rows))]
+    generators = [check_generator(g, sampling, target.device) for g in row_generators(generator, len(rows))]
     if stats is None:
         stats = BatchStats(gamma, len(rows))
     if not (isinstance(stats, BatchStats) and stats.gamma == gamma and len(stats.rows) == len(rows)

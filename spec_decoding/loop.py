@@ -137,7 +137,7 @@ def speculative_generate(
         )
     check_prompt(input_ids, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
-    check_generator(generator, None if sampling.greedy else target.device)
+    check_generator(generator, sampling, target.device)
 
     schedule = make_schedule(gamma, target, drafter)
     gamma = schedule.max_gamma  # the most tokens a step drafts

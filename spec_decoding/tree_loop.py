@@ -96,7 +96,7 @@ def tree_speculative_generate(
         )
     check_prompt(input_ids, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
-    generator = check_generator(generator, None if sampling.greedy else target.device)
+    generator = check_generator(generator, sampling, target.device)
     if input_ids.size(0) != 1:
         raise ValueError(f"speculative decoding runs one sequence at a time: got a batch of {input_ids.size(0)}")
     depth = check_draft_length(shape.max_depth, "the tree's depth", target.config.n_ctx)

@@ -280,10 +280,10 @@ def test_sample_reproduces_with_a_seeded_generator_and_follows_the_distribution(
 def test_a_generator_of_another_kind_of_device_is_refused_before_sampling():
     """torch draws on the device of the probabilities, with a generator of that device; a CPU generator for a
     GPU model gets one line saying how to make the right one (tests/test_cuda.py runs it on a GPU)."""
-    cpu = torch.Generator().manual_seed(0)
-    assert check_generator(cpu, torch.device("cpu")) is cpu
-    assert check_generator(cpu, None) is cpu  # no sampling: the generator is never used
-    assert check_generator(None, torch.device("cuda")) is None
+    cpu, sampled, greedy = torch.Generator().manual_seed(0), SamplingConfig(temperature=1.0), SamplingConfig()
+    assert check_generator(cpu, sampled, torch.device("cpu")) is cpu
+    assert check_generator(cpu, greedy, torch.device("cuda")) is cpu  # greedy: the generator is never used
+    assert check_generator(None, sampled, torch.device("cuda")) is None
     with pytest.raises(ValueError, match=r"a cpu generator, but the model samples on cuda: make it there, "
                                          r"torch.Generator\(device='cuda'\)"):
-        check_generator(cpu, torch.device("cuda"))
+        check_generator(cpu, sampled, torch.device("cuda"))
