@@ -186,6 +186,14 @@ def test_tiny_sweep_writes_all_outputs_with_the_documented_columns(tmp_path, pro
     assert "predicted | efficiency |" in md
 
 
+def test_a_gpu_warms_up_at_full_length():
+    # The H100 run of docs/results/2026-11-26h-gpu-h100 warmed up on 32 tokens of 100: the first timed repeat of
+    # each speculative run was far slower than the second, while the baseline's two repeats agreed.
+    assert gamma_sweep.warmup_tokens(torch.device("cpu"), (50, 100, 200)) == 32
+    assert gamma_sweep.warmup_tokens(torch.device("cpu"), (6, 10)) == 6
+    assert gamma_sweep.warmup_tokens(torch.device("cuda"), (50, 100, 200)) == 200
+
+
 def test_step_cost_rounds_take_turns_at_even_points_of_the_runs():
     log = []  # the run's tokens so far, and "round" where the timer ran one
 
