@@ -127,6 +127,25 @@ def test_vocab_with_shifted_ids_raises_value_error(tmp_path, model_folder):
         load_tokenizer(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda v: v | {"Ġthe": 5},  # two tokens with one id: tiktoken would panic
+        lambda v: {t: i for t, i in v.items() if i < 300 or i == 50256},  # ids 300.. missing: decoding would fail
+        lambda v: v | {"!": -1},
+        lambda v: v | {"!": 0.5},
+    ],
+    ids=["duplicate", "missing", "negative", "not-an-integer"],
+)
+def test_vocab_ids_that_are_not_each_id_once_raise_value_error(tmp_path, model_folder, edit):
+    vocab = json.loads((model_folder / "vocab.json").read_text(encoding="utf-8"))
+    (tmp_path / "vocab.json").write_text(json.dumps(edit(vocab)), encoding="utf-8")
+    merges = (model_folder / "merges.txt").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "merges.txt").write_text("\n".join(merges[:45]) + "\n", encoding="utf-8")  # ids 256..299
+    with pytest.raises(ValueError, match=r"is not a GPT-2 vocab.json \(its ids are not 0, 1, ..., 50255 each once"):
+        load_tokenizer(tmp_path)
+
+
 def test_a_vocab_json_that_is_not_json_raises_value_error(tmp_path, model_folder):
     (tmp_path / "vocab.json").write_text("{not json", encoding="utf-8")
     shutil.copyfile(model_folder / "merges.txt", tmp_path / "merges.txt")
