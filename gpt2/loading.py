@@ -228,6 +228,19 @@ def check_fits_config(shapes: dict[str, tuple[int, ...]], config: GPT2Config, *,
             )
 
 
+def check_finite(state: dict[str, torch.Tensor], *, source: str) -> None:
+    """Raises a ValueError naming the first tensor that holds a NaN or an
+    infinity: a damaged checkpoint, which would decode garbage when greedy
+    and fail mid-run when sampling."""
+    for name, tensor in state.items():
+        # The sum is one cheap pass; only a sum that is not finite (or that overflowed) needs the exact check.
+        if not tensor.sum(dtype=torch.float32).isfinite() and not torch.isfinite(tensor).all():
+            raise ValueError(
+                f"tensor '{name}' in {source} holds NaN or infinite values: the checkpoint is damaged, "
+                "download it again"
+            )
+
+
 def load_weights(model: GPT2, state: dict[str, torch.Tensor]) -> None:
     """Copies checkpoint tensors into `model`, transposing the Conv1D weights.
     `state` (our names: `checkpoint_to_model_keys`) must have passed
@@ -282,6 +295,7 @@ def load_model(
     # config.json against the file's header first: nothing sized by the config is made before it fits.
     check_fits_config(checkpoint_to_model_keys(read_shapes(path)), config, source=str(path))
     state = checkpoint_to_model_keys(load_state_dict(path))
+    check_finite(state, source=str(path))
     with torch.device("meta"):
         model = GPT2(config)  # shapes only: no memory, no random init
     model = model.to_empty(device="cpu")

@@ -364,6 +364,22 @@ def test_a_missing_tensor_raises_value_error_naming_it(tmp_path, state):
         load_model(folder)
 
 
+@pytest.mark.parametrize("name, value", [("h.0.mlp.c_fc.weight", float("nan")), ("ln_f.bias", float("inf")),
+                                         ("wte.weight", -float("inf"))])
+def test_a_tensor_holding_nan_or_infinity_is_refused_naming_it(tmp_path, state, name, value):
+    damaged = {**state, name: state[name].clone()}
+    damaged[name].view(-1)[7] = value  # one value of all: greedy would decode garbage, sampling fail mid-run
+    folder = write_checkpoint(tmp_path / "damaged", TINY, damaged)
+    with pytest.raises(ValueError, match=f"tensor '{name}' in .* holds NaN or infinite values: the checkpoint is "
+                                         "damaged, download it again"):
+        load_model(folder)
+
+
+def test_finite_weights_whose_sum_overflows_float32_still_load(tmp_path, state):
+    huge = {**state, "ln_f.weight": torch.full_like(state["ln_f.weight"], 3e38)}  # finite, the sum is not
+    assert_holds(load_model(write_checkpoint(tmp_path / "huge", TINY, huge)), huge)
+
+
 def test_a_checkpoint_with_more_layers_than_the_config_raises_value_error(tmp_path, state):
     folder = write_checkpoint(tmp_path / "deeper", TINY, state)
     shallower = GPT2Config(**{**TINY.__dict__, "n_layer": 1})
