@@ -26,7 +26,7 @@ from statistics import median
 import torch
 
 from benchmarks.common import build_pair, check_range, environment, environment_lines, markdown_table, results_dir
-from benchmarks.common import check_caches_fit, run_cli, say, set_threads, shape, timed, write_json
+from benchmarks.common import MAX_SEED, check_caches_fit, run_cli, say, set_threads, shape, timed, write_json
 from benchmarks.decode_speed import BandwidthProbe, weight_bytes
 from benchmarks.lockstep import Method, lockstep, paused_passes
 from gpt2 import GPT2, KVCache, fast, generate
@@ -37,6 +37,7 @@ from spec_decoding.stats import clock
 MAIN_GAMMA = 4  # the issue's setting for the main table
 GOAL_PLAIN_B8 = 5.0  # plain B = 8 against plain B = 1
 GOAL_SPEC_B2 = 1.3  # speculative B = 2 (best gamma) against plain B = 2
+MAX_PROMPTS = 4096  # --prompts at most
 MAX_B = 256  # rows of a pass at most (--batch-sizes, --step-batches): gpt2-large caches 0.37 MB a row and position
 SPREAD = 12  # prompt lengths differ from --prompt-len by up to this many tokens
 
@@ -348,22 +349,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ValueError(f"--alpha must lie in [0, 1], got {args.alpha}")
     BandwidthProbe.check(args.bandwidth_mib)
     args.prompts = max(args.batch_sizes) if args.prompts is None else args.prompts
+    check_range("--prompts", args.prompts, 1, MAX_PROMPTS, " (random prompts held in memory)")
+    check_range("--seed", args.seed, -MAX_SEED, MAX_SEED)
     if min(args.new_tokens, args.prompt_len, args.context, args.repeats, args.prompts) < 1 or args.warmup < 0:
         raise ValueError("--new-tokens, --prompt-len, --context, --repeats and --prompts must be >= 1, "
                          "--warmup >= 0")
     n_ctx = min(shape(name).n_ctx for name in (("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)))
     if args.prompt_len + SPREAD + args.new_tokens > n_ctx:
         raise ValueError(f"the longest prompt (--prompt-len {args.prompt_len} + {SPREAD}) and --new-tokens "
-                         f"{args.new_tokens} exceed the context window of {n_ctx}: give --prompt-len at most "
-                         f"{n_ctx - SPREAD - args.new_tokens} or fewer --new-tokens")
+                         f"{args.new_tokens} exceed the context window of {n_ctx}: " + which_to_shrink(
+                             n_ctx - SPREAD, ("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens)))
     if args.context + max(args.gammas) + 1 > n_ctx:
         raise ValueError(f"--context {args.context} and a verification pass of max(--gammas) + 1 = "
-                         f"{max(args.gammas) + 1} tokens exceed the context window of {n_ctx}: give --context at "
-                         f"most {n_ctx - max(args.gammas) - 1}")
+                         f"{max(args.gammas) + 1} tokens exceed the context window of {n_ctx}: " + which_to_shrink(
+                             n_ctx - 1, ("--context", args.context), ("--gammas", max(args.gammas))))
     args.batch_sizes, args.gammas, args.step_batches = (sorted(set(v)) for v in
                                                          (args.batch_sizes, args.gammas, args.step_batches))
     check_cache_memory(args)
     return args
+
+
+def which_to_shrink(room: int, first: tuple[str, int], second: tuple[str, int]) -> str:
+    """How to make two options' values, (option, value) each, sum to at most `room`: lower the first to fit
+    beside the second, else the second beside the first, else both."""
+    (a, x), (b, y) = first, second
+    if room - y >= 1:
+        return f"give {a} at most {room - y}"
+    return f"give {b} at most {room - x}" if room - x >= 1 else f"give a smaller {a} and {b}"
 
 
 def check_cache_memory(args: argparse.Namespace) -> None:

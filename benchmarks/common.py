@@ -277,6 +277,10 @@ def check_range(option: str, value: int | float, low: int | float, high: int | f
         raise ValueError(f"{option} must lie in {low}..{high}{why}, got {value}")
 
 
+# --seed: torch takes 64-bit seeds, and the benchmarks add small offsets to it (per prompt, repeat or model).
+MAX_SEED = 2**62
+
+
 def logical_cpus() -> int:
     """The machine's logical CPUs: the most --threads or --busy may ask for."""
     return os.cpu_count() or 1

@@ -31,7 +31,7 @@ import torch
 
 from benchmarks.common import binary_tree_mask, check_range, environment, environment_lines, logical_cpus
 from benchmarks.common import markdown_table, random_model, results_dir, run_cli, say, set_threads, shape, timed
-from benchmarks.common import write_json
+from benchmarks.common import MAX_SEED, write_json
 from benchmarks.lockstep import lockstep, plain_decoding, stepwise
 from gpt2 import GPT2, fast, generate
 from spec_decoding import SimulatedDrafter, speculative_generate
@@ -456,6 +456,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             raise ValueError(f"--{name} must be >= 1")
     if args.warmup < 0 or args.long < 0:
         raise ValueError("--warmup and --long must be >= 0")
+    check_range("--seed", args.seed, -MAX_SEED, MAX_SEED)
     BandwidthProbe.check(args.bandwidth_mib)
     if any(not 2 <= k <= MAX_K for k in args.ks):
         raise ValueError(f"--ks are verification lengths: each must lie in 2..{MAX_K} (k = 1 is the decode step)")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import random
 import shlex
 import statistics
@@ -29,7 +28,9 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.common import (
+    MAX_SEED,
     check_caches_fit,
+    check_range,
     environment,
     environment_lines,
     load_prompt_tokenizer,
@@ -74,6 +75,7 @@ REPEAT_PROMPT = f"{PARAGRAPH}\n\nThe same paragraph again, word for word:\n\nThe
 # a draft that is the target plus noise (relative to each matrix's spread).
 NOISY_CONFIG = GPT2Config(n_layer=4, n_head=4, n_embd=256)
 NOISY_BLOCK_STD, NOISY_WTE_STD = 0.05, 0.2
+MAX_NOISE = 10.0  # --noise: far past a useful draft, short of overflowing float32 weights
 
 
 # ---------------------------------------------------------------------------
@@ -446,8 +448,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ValueError("--alphas, --int8-alphas and --p-mins must lie in [0, 1]")
     if "simulated" in args.parts and not args.alphas + args.int8_alphas:
         raise ValueError("the simulated part needs an α: give --alphas or --int8-alphas")
-    if not (math.isfinite(args.noise) and args.noise >= 0):
-        raise ValueError(f"--noise must be a finite number >= 0, got {args.noise}")
+    check_range("--seed", args.seed, -MAX_SEED, MAX_SEED)
+    check_range("--noise", args.noise, 0, MAX_NOISE, " (the noise's spread over each weight matrix's)")
     if {"simulated", "ngram"} & set(args.parts):  # their methods run in lockstep: plain, each fixed γ, auto, +2/-1
         names = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
         check_caches_fit((len(set(args.gammas)) + 3) * sum(KVCache.nbytes(shape(n)) for n in names),
@@ -455,12 +457,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def check_max_gen(args: argparse.Namespace, tokenizer, target_name: str, draft_name: str) -> None:
+    """Raises a ValueError unless --max-gen new tokens fit both models' context window after every prompt the
+    --parts decode: each run must emit exactly --max-gen tokens, and the cost model prices that many."""
+    texts = [REPEAT_PROMPT] if {"ngram", "noisy"} & set(args.parts) else []
+    texts += [PROMPTS[0][1]] if "simulated" in args.parts else []
+    texts += [text for _, text in PROMPTS[: args.noisy_prompts]] if "noisy" in args.parts else []
+    configs = [shape(target_name), shape(draft_name)] if {"simulated", "ngram"} & set(args.parts) else []
+    configs += [NOISY_CONFIG] if "noisy" in args.parts else []
+    longest, n_ctx = max(len(tokenizer.encode(text)) for text in texts), min(c.n_ctx for c in configs)
+    if longest + args.max_gen > n_ctx:
+        raise ValueError(f"--max-gen {args.max_gen} new tokens after the longest prompt ({longest} tokens) exceed "
+                         f"the context window of {n_ctx}: give --max-gen at most {n_ctx - longest}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_threads(args.threads)
-    out_dir = results_dir(args.out, "drafting")
     tokenizer = load_prompt_tokenizer()
     target_name, draft_name = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
+    check_max_gen(args, tokenizer, target_name, draft_name)
+    out_dir = results_dir(args.out, "drafting")
     report = {"command": "python -m benchmarks.drafting " + shlex.join(argv if argv is not None else sys.argv[1:])}
     lines = ["# Drafting: auto γ, int8 draft, prompt lookup, p_min", "", f"`{report['command']}`", ""]
     needs_pair = {"simulated", "ngram"} & set(args.parts)

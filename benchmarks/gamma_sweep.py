@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from benchmarks import sweep_report
 from benchmarks.common import ModelPair, build_pair, check_caches_fit, check_passes_fit, encode_prompts
-from benchmarks.common import environment, load_prompt_tokenizer, results_dir, run_cli, set_threads
+from benchmarks.common import MAX_SEED, check_range, environment, load_prompt_tokenizer, results_dir, run_cli
+from benchmarks.common import set_threads
 from benchmarks.lockstep import Method, lockstep, plain_decoding, rotated, stepwise
 from benchmarks.prompts import PROMPTS
 from benchmarks.tree_speed import parse_shape
@@ -429,6 +430,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ValueError("--tiny and --random-weights are alternatives: pick one")
     if not 1 <= args.prompts <= len(PROMPTS):
         raise ValueError(f"--prompts must be between 1 and {len(PROMPTS)}, got {args.prompts}")
+    check_range("--seed", args.seed, -MAX_SEED, MAX_SEED)
     return args
 
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from benchmarks.common import build_pair, encode_prompts, environment, environment_lines, load_prompt_tokenizer
-from benchmarks.common import markdown_table, results_dir, run_cli, write_json
+from benchmarks.common import MAX_SEED, check_range, markdown_table, results_dir, run_cli, write_json
 from benchmarks.prompts import EARLY_EOS_PROMPTS, PROMPTS
 from gpt2 import END_OF_TEXT_ID, GPT2, GPT2Config, KVCache, fast, generate, resolve_device, resolve_dtype
 from gpt2.generate import check_integer, first_difference
@@ -372,6 +372,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = ParitySettings(gamma=args.gamma, max_new_tokens=args.max_gen, tie_tolerance=args.tie_tolerance)
+    check_range("--seed", args.seed, -MAX_SEED, MAX_SEED)
     if args.prompts is not None and not 1 <= args.prompts <= len(PROMPTS):
         raise ValueError(f"--prompts must be between 1 and {len(PROMPTS)}, got {args.prompts}")
     device, dtypes = resolve_device(args.device), parse_dtypes(args.dtypes)

@@ -56,6 +56,10 @@ SHORT = ["--tiny", "--batch-sizes", "1", "--gammas", "1", "--step-batches", "1",
     (["--prompt-len", "2000"], "give --prompt-len at most 1010"),  # + 12 + 2 new tokens in a 1024 window
     (["--threads", str(os.cpu_count() + 1)], r"--threads must lie in 1\.\."),
     (["--out", ""], "--out is empty"),
+    (["--prompts", "4097"], r"--prompts must lie in 1\.\.4096"),
+    (["--new-tokens", "1000000000"], "give --new-tokens at most 998$"),  # + the prompt's 14 + 12 in 1024
+    (["--gammas", "1000000000"], "give --gammas at most 1019$"),  # + --context 4 + 1 in 1024
+    (["--context", "2000", "--gammas", "2000"], "give a smaller --context and --gammas$"),
 ])
 def test_bad_settings_are_one_line_and_exit_2(bad, message, capsys, tmp_path):
     assert run_cli(main, SHORT + ["--out", str(tmp_path / "out")] + bad) == 2

@@ -104,12 +104,23 @@ def test_auto_is_near_the_best_fixed_gamma_in_expectation(monkeypatch):
 @pytest.mark.parametrize("bad", [["--repeats", "0"], ["--gammas", "0"], ["--alphas", "1.5"], ["--ngram", "0"],
                                  ["--p-mins", "-0.1"], ["--noise", "nan"], ["--noise", "inf"], ["--noise", "-1"],
                                  ["--threads", str(os.cpu_count() + 1)], ["--out", ""], ["--int8-alphas", "-1"],
-                                 ["--parts", "simulated", "--alphas", "--int8-alphas"]])
+                                 ["--parts", "simulated", "--alphas", "--int8-alphas"], ["--noise", "1e308"],
+                                 ["--noise", "10.5"], ["--max-gen", "1000"], ["--max-gen", "1000000000"]])
 def test_bad_settings_are_one_line_and_exit_2(bad, capsys, tmp_path):
     short = ["--parts", "noisy", "--repeats", "1", "--max-gen", "4", "--noisy-prompts", "1", "--noisy-seeds", "1"]
     assert run_cli(main, ["--tiny", *short, "--out", str(tmp_path / "out"), *bad]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_the_longest_max_gen_the_window_allows_is_emitted_whole(tmp_path, prompt_tokenizer):
+    # The repetitive prompt is 59 tokens: 965 new ones fill the tiny models' window of 1024; one more is refused.
+    window = ["--tiny", "--parts", "ngram", "--repeats", "1", "--out"]
+    assert run_cli(main, [*window, str(tmp_path / "too-long"), "--max-gen", "966"]) == 2
+    assert run_cli(main, [*window, str(tmp_path), "--max-gen", "965"]) == 0
+    runs = json.loads((tmp_path / "drafting.json").read_text(encoding="utf-8"))["ngram"]["runs"]
+    emitted = {name: run["stats"]["new_tokens"] for name, run in runs.items() if name != "plain"}
+    assert len(emitted) == 4 and set(emitted.values()) == {965}, emitted
 
 
 def test_methods_whose_caches_would_not_fit_in_memory_together_are_refused(capsys, tmp_path, monkeypatch):

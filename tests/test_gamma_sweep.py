@@ -7,6 +7,7 @@ simulation. Speed itself is never asserted here."""
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import math
 import os
@@ -368,6 +369,17 @@ def test_a_results_folder_inside_a_file_is_one_line_and_exit_2(capsys, tmp_path,
 def test_the_largest_gamma_that_fits_the_window_runs(tmp_path, prompt_tokenizer):
     assert run_cli(main, ONE_RUN + ["--gamma", "983", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "sweep.csv").is_file()
+
+
+@pytest.mark.parametrize("module", ["gamma_sweep", "decode_speed", "parity_check", "drafting", "batch_speed"])
+@pytest.mark.parametrize("seed", [2**70, -(2**70)])
+def test_a_seed_past_64_bits_is_one_line_naming_seed(module, seed, capsys, tmp_path):
+    # torch refuses such seeds with "Overflow when unpacking long long", which names no option
+    main_of = importlib.import_module(f"benchmarks.{module}").main
+    assert run_cli(main_of, ["--seed", str(seed), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --seed must lie in -4611686018427387904..4611686018427387904") and "\n" not in err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("module, option", [("gamma_sweep", "--simulate-acceptance"), ("decode_speed", "--busy"),
