@@ -314,16 +314,23 @@ def read_prompts_file(path: str) -> list[tuple[int, str]]:
     One prompt per line; or, if the first line starts with "{", JSON Lines:
     every line a JSON object with a "prompt" string.
 
+    A pipe counts as a file (`--prompts-file <(grep ... prompts.txt)`).
+
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not UTF-8 text, an empty file, an empty line, a JSON line
-            without a "prompt" string (the message names the line).
+        ValueError: an empty path, a folder or a device, not UTF-8 text, an
+            empty file, an empty line, a JSON line without a "prompt" string
+            (the message names the line).
     """
+    if not path.strip():
+        raise ValueError("--prompts-file is empty: give a text file with one prompt per line")
     file = Path(path)
     if file.is_dir():
         raise ValueError(f"--prompts-file {path} is a folder: give a text file with one prompt per line")
-    if not file.is_file():
+    if not file.exists():
         raise FileNotFoundError(f"--prompts-file {path}: no such file")
+    if not (file.is_file() or file.is_fifo()):  # a device: /dev/zero would be read forever
+        raise ValueError(f"--prompts-file {path} is not a file: give a text file with one prompt per line")
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:

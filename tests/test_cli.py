@@ -903,6 +903,24 @@ def test_a_prompts_file_that_is_a_folder(tmp_path, capsys):
     assert_bad_input(run_main(capsys, "--prompts-file", str(tmp_path)), "is a folder: give a text file")
 
 
+@pytest.mark.parametrize("path, message", [("", "--prompts-file is empty: give a text file"),
+                                           (" ", "--prompts-file is empty: give a text file"),
+                                           ("/dev/zero", "--prompts-file /dev/zero is not a file: give a text file")])
+def test_a_prompts_file_that_is_empty_text_or_a_device(capsys, path, message):
+    assert_bad_input(run_main(capsys, "--prompts-file", path), message)
+
+
+def test_a_prompts_file_may_be_a_pipe(tmp_path):
+    fifo = tmp_path / "prompts"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"printf 'Hello\\nOnce upon a time\\n' > {fifo}"])
+    try:
+        assert cli.read_prompts_file(str(fifo)) == [(1, "Hello"), (2, "Once upon a time")]
+    finally:  # the read ends at the writer's end of file, so the writer is done; if the read failed, it blocks
+        writer.kill()
+        writer.wait()
+
+
 def test_a_config_json_with_a_field_of_the_wrong_kind(tmp_path, capsys, folders):
     broken = tmp_path / "broken"
     broken.mkdir()
