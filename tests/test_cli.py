@@ -34,7 +34,7 @@ import torch
 import spec_decoding_generate as cli
 from cli.report import print_comparison
 from cli.stream import ACCEPTED_STYLE, TARGET_STYLE, TokenStream
-from gpt2 import GPT2, GPT2Config, load_tokenizer
+from gpt2 import GPT2Config, load_tokenizer
 from gpt2.generate import first_difference
 from helpers import REPO_ROOT, hub_layout, perturbed_copy, tiny_gpt2, write_checkpoint
 from hub_server import HubServer, closed_endpoint
