@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(id 50256), which is kept. Past the draft's context window the target goes on alone. "
         "Colour: green = drafted and accepted, yellow = chosen by the target; "
         "only on a terminal, and never with --no-color, --json or the NO_COLOR environment variable. "
-        "Exit codes: 0 done, 2 bad input, 130 interrupted (Ctrl-C), 1 unexpected error.",
+        "Exit codes: 0 done, 2 bad input, 130 interrupted (Ctrl-C), 1 unexpected error or output closed early.",
         allow_abbrev=False,
     )
     parser.add_argument(
