@@ -42,13 +42,18 @@ class SamplingConfig:
     top_p: float | None = None
 
     def __post_init__(self) -> None:
+        try:
+            finite = math.isfinite(float(self.temperature))  # an int past float's range is not finite
+        except (TypeError, ValueError, OverflowError):
+            finite = False
         if (
             isinstance(self.temperature, bool)
             or not isinstance(self.temperature, numbers.Real)
-            or not math.isfinite(self.temperature)
+            or not finite
             or self.temperature < 0
         ):
             raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        object.__setattr__(self, "temperature", float(self.temperature))  # torch cannot divide by an int past 64 bits
         if self.top_k is not None:
             try:
                 k = None if isinstance(self.top_k, bool) else operator.index(self.top_k)

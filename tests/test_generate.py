@@ -153,6 +153,7 @@ def test_bad_max_new_tokens_raises_value_error(models, max_new_tokens):
         ({"temperature": -0.5}, "temperature must be a number >= 0"),
         ({"temperature": float("nan")}, "temperature must be a number >= 0"),
         ({"temperature": float("inf")}, "temperature must be a number >= 0"),
+        ({"temperature": 2**1024}, "temperature must be a number >= 0"),  # an int past float's range
         ({"temperature": 1.0, "top_k": 0}, "top_k must be an integer >= 1"),
         ({"temperature": 1.0, "top_k": 2.5}, "top_k must be an integer >= 1"),
         ({"temperature": 1.0, "top_p": 0.0}, r"top_p must be in \(0, 1\]"),
@@ -163,6 +164,14 @@ def test_bad_sampling_settings_raise_value_error(models, setting, match):
     ours, _ = models
     with pytest.raises(ValueError, match=match):
         generate(ours, prompt(), 5, **setting)
+
+
+def test_an_integer_temperature_past_64_bits_samples_like_its_float(models):
+    # torch cannot divide float logits by such an int ("int too big to convert"): the config keeps a float
+    ours, _ = models
+    assert SamplingConfig(2**1000).temperature == float(2**1000) and SamplingConfig(1).temperature == 1.0
+    out = generate(ours, prompt(), 5, temperature=2**1000, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (1, prompt().size(1) + 5)
 
 
 # ---------------------------------------------------------------------------
