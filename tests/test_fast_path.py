@@ -328,6 +328,7 @@ def test_a_pass_of_no_tokens_is_refused_on_both_paths(fast_kernels):
         (lambda: fast.accelerate(None), "expected a GPT2 model .* got NoneType"),
         (lambda: fast.accelerate(torch.nn.Linear(2, 2)), "expected a GPT2 model .* got Linear"),
         (lambda: fast.accelerate(new_model(), int8="no"), "int8 must be True or False, got 'no'"),
+        (lambda: fast.accelerate(new_model(), adapt_threads="x"), "adapt_threads must be True or False, got 'x'"),
         (lambda: fast.status("gpt2"), "expected a GPT2 model .* got str"),
     ],
 )
@@ -357,6 +358,8 @@ def test_status_names_the_path(fast_kernels):
     assert "int8 weights" in fast.status(fast.accelerate(new_model(), int8=True))
     model.accelerator = None  # the switch
     assert fast.status(model).startswith("readable path")
+    cast = fast.accelerate(new_model()).half()  # its accelerator stands aside for a float16 model
+    assert fast.status(cast).startswith("readable path") and "this one is cpu float16" in fast.status(cast)
 
 
 def run_python(code: str, tmp_path, **env: str) -> subprocess.CompletedProcess:

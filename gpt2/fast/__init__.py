@@ -61,12 +61,13 @@ def accelerate(model: GPT2, *, int8: bool = False, adapt_threads: bool = True) -
         The same model.
 
     Raises:
-        ValueError: `model` is not a GPT2 or `int8` not a bool; int8 for a
-            model that is not on the CPU in float32.
+        ValueError: `model` is not a GPT2, `int8` or `adapt_threads` not a
+            bool; int8 for a model that is not on the CPU in float32.
     """
     check_gpt2(model)
-    if not isinstance(int8, bool):
-        raise ValueError(f"int8 must be True or False, got {int8!r}")
+    for name, value in (("int8", int8), ("adapt_threads", adapt_threads)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
     levels = quantize_model_int8(model) if int8 else None
     reason = unavailable(model)
     kernels = build.load() if reason is None else None  # compiles on first use
@@ -107,8 +108,9 @@ def status(model: GPT2 | None = None) -> str:
     if model is not None:
         check_gpt2(model)
     readable = "readable path (F.linear + SDPA, the Block modules)"
-    if model is not None and isinstance(getattr(model, "accelerator", None), FastGPT2):
-        fast = model.accelerator
+    fast = getattr(model, "accelerator", None)
+    cpu_float32 = model is not None and model.wte.weight.is_cpu and model.wte.weight.dtype == torch.float32
+    if isinstance(fast, FastGPT2) and cpu_float32:  # a model moved or cast since stands its accelerator aside
         weights = "int8" if fast.int8 else "float32"
         threads = "threads chosen by timing" if fast.threads is not None else "torch.get_num_threads() threads"
         return (f"fast path: C kernels ({fast.kernels.path.name}), {weights} weights, {threads}; "
