@@ -191,6 +191,12 @@ def check_model(model, role: str = "model") -> None:
         )
 
 
+def check_callback(fn, name: str) -> None:
+    """Raises ValueError unless `fn` is None or can be called (a callback such as on_step)."""
+    if fn is not None and not callable(fn):
+        raise ValueError(f"{name} must be a function (or None), got {type(fn).__name__}")
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first index where two token lists differ, or where the shorter one
     ends if it is a prefix of the other; None if they are equal. (Greedy

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gpt2.generate import (
+    check_callback,
     check_eos_id,
     check_max_new_tokens,
     check_model,
@@ -41,8 +42,11 @@ def batch_drafter(draft, vocab_size: int) -> BatchDrafter:
     """`draft` as a BatchDrafter: a GPT2 or a plain ModelDrafter is wrapped."""
     if isinstance(draft, GPT2):
         drafter = BatchDrafter(draft)
-    elif type(draft) is ModelDrafter:  # a plain model drafter: nothing of it is lost
+    elif type(draft) is ModelDrafter and draft.p_min is None:  # a plain model drafter: nothing of it is lost
         drafter = BatchDrafter(draft.model)
+    elif type(draft) is ModelDrafter:
+        raise ValueError("p_min stops a chain of one prompt; a batch drafts every row alike: pass the draft model "
+                         "without p_min, or decode the prompts one at a time")
     elif isinstance(draft, BatchDrafter):
         drafter = draft
     else:
@@ -149,10 +153,11 @@ def batch_speculative_generate(
     Raises:
         ValueError: bad settings, or a bad prompt (the message names the row).
     """
+    check_model(target, "target")
+    check_callback(on_step, "on_step")
     sampling = SamplingConfig(temperature, top_k, top_p)
     gamma = check_draft_length(gamma, "gamma", target.config.n_ctx)  # tokens drafted per step
     max_new_tokens = check_max_new_tokens(max_new_tokens)
-    check_model(target, "target")
     drafter = batch_drafter(draft, target.config.vocab_size)
     as_tensor = isinstance(input_ids, torch.Tensor) and lengths is None
     rows = check_prompts(input_ids, lengths, target.config.n_ctx, target.config.vocab_size)

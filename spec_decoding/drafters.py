@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt2.generate import check_integer
+from gpt2.generate import check_integer, check_model
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
@@ -96,6 +96,7 @@ class ModelDrafter(Drafter):
     def __init__(self, model: GPT2, *, p_min: float | None = None) -> None:
         if p_min is not None and not (isinstance(p_min, (int, float)) and 0.0 <= p_min <= 1.0):
             raise ValueError(f"p_min must be a probability in [0, 1] (or None to always draft K), got {p_min!r}")
+        check_model(model, "draft")
         self.model = model
         self.p_min = p_min
         self.cache = model.new_cache(1)
@@ -204,8 +205,11 @@ class SimulatedDrafter(ModelDrafter):
 
     def __init__(self, model: GPT2, reference: torch.Tensor, alpha: float, *, seed: int = 0) -> None:
         super().__init__(model)
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"the simulated acceptance rate must lie in [0, 1], got {alpha}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"the simulated acceptance rate must be a number in [0, 1], got {alpha!r}")
+        if not isinstance(reference, torch.Tensor):
+            raise ValueError(f"reference must be a tensor of the target's greedy token ids, prompt included "
+                             f"(gpt2.generate's output), got {type(reference).__name__}")
         self.reference = reference.flatten().tolist()  # the target's greedy sequence, prompt included
         self.alpha = alpha
         self.coins = position_coins(seed, 1, max(len(self.reference), model.config.n_ctx) + 1)[0]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from gpt2.generate import check_eos_id, check_max_new_tokens, check_model, check_prompt
+from gpt2.generate import check_callback, check_eos_id, check_max_new_tokens, check_model, check_prompt
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
@@ -122,6 +122,7 @@ def speculative_generate(
     sampling = SamplingConfig(temperature, top_k, top_p)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_model(target, "target")
+    check_callback(on_step, "on_step")
     if isinstance(draft, GPT2):
         draft = ModelDrafter(draft)
     if not isinstance(draft, Drafter):

@@ -21,11 +21,11 @@ from collections.abc import Callable
 
 import torch
 
-from gpt2.generate import check_eos_id, check_max_new_tokens, check_model, check_prompt
+from gpt2.generate import check_callback, check_eos_id, check_max_new_tokens, check_model, check_prompt
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
-from .drafters import ModelDrafter
+from .drafters import Drafter, ModelDrafter
 from .schedule import check_draft_length
 from .stats import SpecStats, clock
 from .tree import TokenTree, TreeShape
@@ -76,17 +76,22 @@ def tree_speculative_generate(
     sampling = SamplingConfig(temperature, top_k, top_p)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_model(target, "target")
+    check_callback(on_step, "on_step")
     if isinstance(draft, ModelDrafter) and type(draft) is not ModelDrafter:  # its own way to pick a chain's tokens
         raise ValueError(
             f"a {type(draft).__name__} drafts chains: for a tree pass the GPT2 draft model, or a "
             "SimulatedTreeDrafter to simulate acceptance"
         )
+    if isinstance(draft, ModelDrafter) and draft.p_min is not None:
+        raise ValueError("p_min stops a chain; a tree keeps its shape: pass the draft model without p_min, "
+                         "or draft a chain (gamma)")
     if isinstance(draft, (GPT2, ModelDrafter)):
         draft = TreeDrafter(draft)
     if not isinstance(draft, TreeDrafter):
         raise ValueError(
-            f"the draft must be a loaded GPT2 model or a drafter (spec_decoding.drafters), got "
-            f"{type(draft).__name__}: load it first with gpt2.load_model('gpt2')"
+            f"a token tree is drafted by a model: pass a loaded GPT2 draft (or a TreeDrafter), got "
+            f"{type(draft).__name__}" + (": prompt lookup drafts chains, give gamma" if isinstance(draft, Drafter)
+                                         else ": load it first with gpt2.load_model('gpt2')")
         )
     drafter = draft
     if drafter.vocab_size != target.config.vocab_size:

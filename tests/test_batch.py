@@ -16,7 +16,7 @@ import torch
 from gpt2 import GPT2Config, fast, generate
 from gpt2.generate import PASS_POSITIONS, length_groups
 from gpt2.sampling import SamplingConfig
-from spec_decoding import BatchStats, SimulatedBatchDrafter, SpecStats, speculative_generate
+from spec_decoding import BatchStats, ModelDrafter, SimulatedBatchDrafter, SpecStats, speculative_generate
 from helpers import PERTURBATION, perturbed_copy, three_drafts, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -470,5 +470,12 @@ def test_bad_batch_settings_raise_a_value_error(target, drafts):
         speculative_generate(target, target, [[1], [2]], stats=SpecStats(2), **kwargs)
     with pytest.raises(ValueError, match="for a batch the draft must be a loaded GPT2 model or a BatchDrafter"):
         speculative_generate(target, "gpt2", [[1], [2]], **kwargs)
+    for bad_target in ("gpt2-large", None):  # checked before anything reads its config
+        with pytest.raises(ValueError, match="the target must be a loaded GPT2 model"):
+            speculative_generate(bad_target, target, [[1], [2]], **kwargs)
+    with pytest.raises(ValueError, match="on_step must be a function"):
+        speculative_generate(target, target, [[1], [2]], on_step=5, **kwargs)
+    with pytest.raises(ValueError, match="p_min stops a chain of one prompt; a batch drafts every row alike"):
+        speculative_generate(target, ModelDrafter(drafts["perturbed"], p_min=0.5), [[1], [2]], **kwargs)
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 64\), got ids from 1 to 64 \(row 1\)"):
         generate(target, torch.tensor([[1, 2], [3, 64]]), 4)

@@ -145,6 +145,12 @@ def test_p_min_must_be_a_probability(drafts):
         ModelDrafter(drafts["perturbed"], p_min=1.5)
 
 
+@pytest.mark.parametrize("model", ["gpt2", None])
+def test_a_model_drafter_needs_a_loaded_model(model):
+    with pytest.raises(ValueError, match="the draft must be a loaded GPT2 model, got .*gpt2.load_model"):
+        ModelDrafter(model)
+
+
 # ---------------------------------------------------------------------------
 # Prompt lookup
 # ---------------------------------------------------------------------------

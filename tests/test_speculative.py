@@ -341,8 +341,11 @@ def test_simulated_acceptance_belongs_to_the_position_not_to_the_order_of_drafti
 
 def test_simulated_drafter_refuses_bad_settings(target, drafts):
     reference = generate(target, prompt(), 8)
-    with pytest.raises(ValueError, match=r"acceptance rate must lie in \[0, 1\]"):
-        SimulatedDrafter(drafts["unrelated"], reference, 1.5)
+    for alpha in (1.5, "0.5", True):
+        with pytest.raises(ValueError, match=r"acceptance rate must be a number in \[0, 1\]"):
+            SimulatedDrafter(drafts["unrelated"], reference, alpha)
+    with pytest.raises(ValueError, match="reference must be a tensor of the target's greedy token ids"):
+        SimulatedDrafter(drafts["unrelated"], reference.tolist(), 0.5)
     drafter = SimulatedDrafter(drafts["unrelated"], reference, 0.5)
     with pytest.raises(ValueError, match="greedy decoding only"):
         speculative_generate(target, drafter, prompt(), gamma=2, max_new_tokens=4, temperature=1.0)
@@ -373,6 +376,8 @@ BAD_CALLS = {
     "two generators for one row": ({"generator": [torch.Generator()] * 2}, "a list of 1 generators"),
     "stats of another kind": ({"stats": object()}, r"stats must be a fresh SpecStats\(3\)"),
     "stats of another gamma": ({"stats": SpecStats(2)}, r"stats must be a fresh SpecStats\(3\)"),
+    "temperature past float": ({"temperature": 2**1024}, "temperature must be a number >= 0"),
+    "on_step not a function": ({"on_step": "print"}, "on_step must be a function \\(or None\\), got str"),
 }
 
 

@@ -20,6 +20,8 @@ import torch
 import gpt2.fast
 from gpt2 import GPT2, GPT2Config, generate
 from spec_decoding import (
+    ModelDrafter,
+    NgramDrafter,
     SimulatedDrafter,
     SimulatedTreeDrafter,
     SpecStats,
@@ -272,9 +274,11 @@ def test_a_one_branch_tree_meets_the_same_luck_as_the_chain(models, seed):
 def test_the_simulated_tree_drafter_refuses_bad_settings(models):
     target, drafts = models
     reference = generate(target, prompt(), 8)
-    for profile in ((0.8, 0.5), (float("nan"),), (0.5, float("nan")), (-0.1, 0.5)):
+    for profile in ((0.8, 0.5), (float("nan"),), (0.5, float("nan")), (-0.1, 0.5), ("0.5",), 0.5, (True,)):
         with pytest.raises(ValueError, match="acceptance profile"):
             SimulatedTreeDrafter(drafts["unrelated"], reference, profile)
+    with pytest.raises(ValueError, match="reference must be a tensor of the target's greedy token ids"):
+        SimulatedTreeDrafter(drafts["unrelated"], None, (0.5,))
     drafter = SimulatedTreeDrafter(drafts["unrelated"], reference, (0.5,))
     with pytest.raises(ValueError, match="greedy decoding only"):
         speculative_generate(target, drafter, prompt(), tree="2", max_new_tokens=4, temperature=1.0)
@@ -298,12 +302,20 @@ def test_the_simulated_tree_drafter_refuses_bad_settings(models):
         ({}, "gamma must be an integer >= 1"),
         ({"tree": TreeShape(nodes=10**8, depth=10**8)}, "the tree's depth is 100000000, more tokens than the target"),
         ({"tree": "2,1", "stats": SpecStats(3)}, r"stats must be a fresh SpecStats\(2, tree=...\)"),
+        ({"tree": "2,1", "on_step": "print"}, "on_step must be a function"),
+        ({"tree": "2,1", "draft": NgramDrafter(3)}, "a token tree is drafted by a model: .* prompt lookup drafts "
+                                                    "chains, give gamma"),
+        ({"tree": "2,1", "draft": "gpt2"}, "a token tree is drafted by a model: .* gpt2.load_model"),
+        ({"tree": "2,1", "draft": "p_min"}, "p_min stops a chain; a tree keeps its shape"),
     ],
 )
 def test_bad_tree_settings_raise_a_clear_error_before_any_work(models, how, message):
     target, drafts = models
+    how = dict(how)  # the parameters are shared by every model seed
+    draft = how.pop("draft", drafts["perturbed"])
+    draft = ModelDrafter(drafts["perturbed"], p_min=0.5) if draft == "p_min" else draft
     with ForwardRecorder(target) as rec, pytest.raises(ValueError, match=message):
-        speculative_generate(target, drafts["perturbed"], prompt(), max_new_tokens=5, **how)
+        speculative_generate(target, draft, prompt(), max_new_tokens=5, **how)
     assert rec.calls == []
 
 
