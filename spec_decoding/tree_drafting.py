@@ -231,8 +231,8 @@ class SimulatedTreeDrafter(TreeDrafter):
         self, draft: GPT2 | ModelDrafter, reference: torch.Tensor, profile: tuple[float, ...], *, seed: int = 0
     ) -> None:
         super().__init__(draft)
-        numbers = isinstance(profile, (tuple, list)) and all(type(p) in (int, float) for p in profile)
-        if not numbers or not profile or not all(0 <= p <= 1 for p in profile) or sum(profile) > 1 + 1e-9:  # NaN too
+        numeric = isinstance(profile, (tuple, list)) and all(type(p) in (int, float) for p in profile)
+        if not numeric or not profile or not all(0 <= p <= 1 for p in profile) or sum(profile) > 1 + 1e-9:  # NaN too
             raise ValueError(f"an acceptance profile is P(rank 1), P(rank 2), ... >= 0 summing to <= 1, got {profile}")
         if not isinstance(reference, torch.Tensor):
             raise ValueError(f"reference must be a tensor of the target's greedy token ids, prompt included "

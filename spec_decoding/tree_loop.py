@@ -90,8 +90,8 @@ def tree_speculative_generate(
     if not isinstance(draft, TreeDrafter):
         raise ValueError(
             f"a token tree is drafted by a model: pass a loaded GPT2 draft (or a TreeDrafter), got "
-            f"{type(draft).__name__}" + (": prompt lookup drafts chains, give gamma" if isinstance(draft, Drafter)
-                                         else ": load it first with gpt2.load_model('gpt2')")
+            f"{type(draft).__name__}" + (f": {type(draft).__name__} drafts chains, give gamma" if isinstance(
+                draft, Drafter) else ": load it first with gpt2.load_model('gpt2')")
         )
     drafter = draft
     if drafter.vocab_size != target.config.vocab_size:

@@ -303,7 +303,7 @@ def test_the_simulated_tree_drafter_refuses_bad_settings(models):
         ({"tree": TreeShape(nodes=10**8, depth=10**8)}, "the tree's depth is 100000000, more tokens than the target"),
         ({"tree": "2,1", "stats": SpecStats(3)}, r"stats must be a fresh SpecStats\(2, tree=...\)"),
         ({"tree": "2,1", "on_step": "print"}, "on_step must be a function"),
-        ({"tree": "2,1", "draft": NgramDrafter(3)}, "a token tree is drafted by a model: .* prompt lookup drafts "
+        ({"tree": "2,1", "draft": NgramDrafter(3)}, "a token tree is drafted by a model: .*: NgramDrafter drafts "
                                                     "chains, give gamma"),
         ({"tree": "2,1", "draft": "gpt2"}, "a token tree is drafted by a model: .* gpt2.load_model"),
         ({"tree": "2,1", "draft": "p_min"}, "p_min stops a chain; a tree keeps its shape"),
