@@ -84,16 +84,22 @@ def check_gpt2(model) -> None:
         raise ValueError(f"expected a GPT2 model (gpt2.load_model('gpt2')), got {type(model).__name__}")
 
 
+def why_not_cpu_float32(model: GPT2) -> str | None:
+    """Why the kernels cannot serve `model`'s device and dtype; None on a CPU in float32."""
+    weight = model.wte.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        dtype = str(weight.dtype).removeprefix("torch.")
+        return f"the C kernels are for CPU float32 models, this one is {weight.device.type} {dtype}"
+    return None
+
+
 def unavailable(model: GPT2 | None) -> str | None:
     """Why the fast path cannot run for `model` (or on this machine), found
     without compiling anything; None if nothing stands in its way."""
     if os.environ.get(READABLE_ENV, "0") == "1":
         return f"{READABLE_ENV}=1"
-    if model is not None:
-        weight = model.wte.weight
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
-            dtype = str(weight.dtype).removeprefix("torch.")
-            return f"the C kernels are for CPU float32 models, this one is {weight.device.type} {dtype}"
+    if model is not None and (reason := why_not_cpu_float32(model)):
+        return reason
     unsupported = build.cpu_unsupported()
     if unsupported:
         return unsupported
@@ -109,8 +115,7 @@ def status(model: GPT2 | None = None) -> str:
         check_gpt2(model)
     readable = "readable path (F.linear + SDPA, the Block modules)"
     fast = getattr(model, "accelerator", None)
-    cpu_float32 = model is not None and model.wte.weight.is_cpu and model.wte.weight.dtype == torch.float32
-    if isinstance(fast, FastGPT2) and cpu_float32:  # a model moved or cast since stands its accelerator aside
+    if isinstance(fast, FastGPT2) and why_not_cpu_float32(model) is None:  # moved or cast since: it stands aside
         weights = "int8" if fast.int8 else "float32"
         threads = "threads chosen by timing" if fast.threads is not None else "torch.get_num_threads() threads"
         return (f"fast path: C kernels ({fast.kernels.path.name}), {weights} weights, {threads}; "
