@@ -33,7 +33,7 @@ from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
 from .acceptance import Verdict, speculative_sampling, speculative_sampling_greedy
 from .batch_drafters import BatchDraft, BatchDrafter
-from .drafters import ModelDrafter
+from .drafters import Drafter, ModelDrafter
 from .schedule import check_draft_length
 from .stats import BatchStats, clock
 
@@ -50,9 +50,10 @@ def batch_drafter(draft, vocab_size: int) -> BatchDrafter:
     elif isinstance(draft, BatchDrafter):
         drafter = draft
     else:
+        one_prompt = ": it drafts for one prompt, given as a (1, T) tensor" if isinstance(draft, Drafter) else ""
         raise ValueError(
             f"for a batch the draft must be a loaded GPT2 model or a BatchDrafter (spec_decoding.batch_drafters), "
-            f"got {type(draft).__name__}"
+            f"got {type(draft).__name__}{one_prompt}"
         )
     if drafter.vocab_size != vocab_size:
         raise ValueError(

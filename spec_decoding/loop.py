@@ -104,8 +104,11 @@ def speculative_generate(
     """
     is_batch = not isinstance(input_ids, torch.Tensor) or lengths is not None
     if is_batch or (input_ids.dim() == 2 and len(input_ids) != 1):  # a batch of prompts: spec_decoding/batch.py
-        if tree is not None:
-            raise ValueError("token trees decode one sequence at a time: give one prompt, or gamma for a batch")
+        one_only = ("a token tree" if tree is not None else f"gamma={gamma!r}" if isinstance(gamma, str)
+                    else "a gamma schedule" if isinstance(gamma, GammaSchedule) else None)
+        if one_only:
+            raise ValueError(f"a batch takes an integer gamma, not {one_only}: give one prompt as a (1, T) tensor "
+                             "(a list of prompts, even of one, is a batch)")
         return batch_speculative_generate(
             target, draft, input_ids, lengths=lengths, gamma=gamma, max_new_tokens=max_new_tokens,
             temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,

@@ -16,7 +16,8 @@ import torch
 from gpt2 import GPT2Config, fast, generate
 from gpt2.generate import PASS_POSITIONS, length_groups
 from gpt2.sampling import SamplingConfig
-from spec_decoding import BatchStats, ModelDrafter, SimulatedBatchDrafter, SpecStats, speculative_generate
+from spec_decoding import BatchStats, HeuristicGamma, ModelDrafter, NgramDrafter, SimulatedBatchDrafter, SpecStats
+from spec_decoding import speculative_generate
 from helpers import PERTURBATION, perturbed_copy, three_drafts, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -479,3 +480,15 @@ def test_bad_batch_settings_raise_a_value_error(target, drafts):
         speculative_generate(target, ModelDrafter(drafts["perturbed"], p_min=0.5), [[1], [2]], **kwargs)
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 64\), got ids from 1 to 64 \(row 1\)"):
         generate(target, torch.tensor([[1, 2], [3, 64]]), 4)
+
+
+@pytest.mark.parametrize("setting, named", [
+    (dict(tree="2,1"), "a token tree"), (dict(gamma="auto"), "gamma='auto'"),
+    (dict(gamma=HeuristicGamma()), "a gamma schedule"), (dict(draft=NgramDrafter(n=2), gamma=2), "NgramDrafter"),
+])
+def test_a_list_of_one_prompt_is_a_batch_and_the_message_says_so(target, drafts, setting, named):
+    """Trees, gamma schedules and single-sequence drafters take one (1, T) tensor; a list of one prompt is a batch."""
+    setting = {"draft": drafts["perturbed"], **setting}
+    with pytest.raises(ValueError, match=rf"{named}.*one prompt.* a \(1, T\) tensor"):
+        speculative_generate(target, setting.pop("draft"), [[1, 2, 3]], max_new_tokens=4, **setting)
+
