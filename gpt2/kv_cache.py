@@ -42,7 +42,10 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
     ) -> None:
         capacity = config.n_ctx if capacity is None else capacity
-        assert 1 <= capacity <= config.n_ctx, f"capacity {capacity} outside [1, n_ctx = {config.n_ctx}]"
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= config.n_ctx:
+            raise ValueError(f"capacity must be an integer in 1..{config.n_ctx} (the context window), got {capacity!r}")
         shape = (config.n_layer, batch_size, config.n_head, capacity, config.head_size)
         # One row reads only slots it has written, so its buffers can start as
         # they are (zero-filling gpt2-large's 377 MB costs ~0.4 s). Rows of a

@@ -183,6 +183,16 @@ def test_a_caches_size_is_known_before_it_is_allocated(batch_size, capacity, dty
     assert KVCache.nbytes(PRESETS["gpt2-large"]) == 2 * 36 * 1024 * 1280 * 4  # 377 MB: one row of the whole window
 
 
+@pytest.mark.parametrize("batch_size, capacity, message", [
+    (0, None, "batch_size must be an integer >= 1, got 0"), (-1, None, "batch_size must be an integer >= 1"),
+    (2.5, None, "batch_size must be"), (1, 0, r"capacity must be an integer in 1\.\.64 \(the context window\)"),
+    (1, 65, "capacity must be an integer in 1..64"), (1, "8", "capacity must be"),
+])
+def test_a_bad_cache_size_raises_value_error(tiny, batch_size, capacity, message):
+    with pytest.raises(ValueError, match=message):
+        tiny.new_cache(batch_size, capacity)
+
+
 def test_uncached_forward_past_the_context_window_raises_value_error(tiny):
     ids = random_ids(TINY, B=1, T=TINY.n_ctx + 1)
     with pytest.raises(ValueError, match=rf"{TINY.n_ctx + 1} tokens .*context window of {TINY.n_ctx}"):
