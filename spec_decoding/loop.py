@@ -102,6 +102,9 @@ def speculative_generate(
             window, a draft or target of the wrong type, or draft and target
             with different vocabularies.
     """
+    if gamma is None and tree is None:
+        raise ValueError("give gamma (tokens drafted per step: an integer >= 1, 'auto' or 'heuristic') or tree "
+                         "(a token tree such as '3,2,1')")
     is_batch = not isinstance(input_ids, torch.Tensor) or lengths is not None
     if is_batch or (input_ids.dim() == 2 and len(input_ids) != 1):  # a batch of prompts: spec_decoding/batch.py
         one_only = ("a token tree" if tree is not None else f"gamma={gamma!r}" if isinstance(gamma, str)

@@ -360,6 +360,8 @@ BAD_CALLS = {
     "gamma negative": ({"gamma": -2}, "gamma must be an integer >= 1"),
     "gamma not an integer": ({"gamma": 2.5}, "gamma must be an integer >= 1"),
     "gamma a bool": ({"gamma": True}, "gamma must be an integer >= 1"),
+    "neither gamma nor tree": ({"gamma": None}, r"give gamma \(tokens drafted per step.*\) or tree"),
+    "a batch without gamma": ({"gamma": None, "input_ids": [[1, 2]]}, r"give gamma .* or tree"),
     "top_k a bool": ({"top_k": True, "temperature": 1.0}, "top_k must be an integer >= 1"),
     "eos_id negative": ({"eos_id": -1}, "eos_id must be an integer >= 0"),
     "eos_id past the vocabulary": ({"eos_id": 10**9}, r"eos_id must be a token id in \[0, 64\)"),
