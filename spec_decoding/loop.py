@@ -107,7 +107,7 @@ def speculative_generate(
                          "(a token tree such as '3,2,1')")
     is_batch = not isinstance(input_ids, torch.Tensor) or lengths is not None
     if is_batch or (input_ids.dim() == 2 and len(input_ids) != 1):  # a batch of prompts: spec_decoding/batch.py
-        one_only = ("a token tree" if tree is not None else f"gamma={gamma!r}" if isinstance(gamma, str)
+        one_only = ("a token tree" if tree is not None else f"gamma={gamma!r}" if gamma in ("auto", "heuristic")
                     else "a gamma schedule" if isinstance(gamma, GammaSchedule) else None)
         if one_only:
             raise ValueError(f"a batch takes an integer gamma, not {one_only}: give one prompt as a (1, T) tensor "

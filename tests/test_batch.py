@@ -476,6 +476,8 @@ def test_bad_batch_settings_raise_a_value_error(target, drafts):
             speculative_generate(bad_target, target, [[1], [2]], **kwargs)
     with pytest.raises(ValueError, match="on_step must be a function"):
         speculative_generate(target, target, [[1], [2]], on_step=5, **kwargs)
+    with pytest.raises(ValueError, match="gamma must be an integer >= 1, got 'abc'"):
+        speculative_generate(target, target, [[1], [2]], gamma="abc", max_new_tokens=4)
     with pytest.raises(ValueError, match="p_min stops a chain of one prompt; a batch drafts every row alike"):
         speculative_generate(target, ModelDrafter(drafts["perturbed"], p_min=0.5), [[1], [2]], **kwargs)
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 64\), got ids from 1 to 64 \(row 1\)"):
