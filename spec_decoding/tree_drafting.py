@@ -100,7 +100,8 @@ class TreeDrafter:
             seq: the committed tokens.
             shape: how the tree grows.
             max_depth, max_nodes: limits below the shape's own (the token
-                budget, the context windows), >= 1.
+                budget, the context windows), >= 1. The tree also stops
+                growing where feeding a level would pass the draft's window.
             sampling: greedy drafts the top candidates; otherwise children
                 are drawn without replacement.
             generator: randomness for the draws.
@@ -115,15 +116,18 @@ class TreeDrafter:
         level, calls, fed = [0], 1, 0
         max_nodes = min(max_nodes, shape.max_nodes)
         for depth in range(1, min(shape.max_depth, max_depth) + 1):
+            budget = max_nodes - (len(tokens) - 1)  # nodes it may still add (the root is not one)
             if depth > 1:  # feed the last level; its window reaches back over the levels cached before it
                 first, end = level[0], level[-1] + 1
+                if budget <= 0 or self.cache.length + end - first > self.cache.capacity:
+                    break  # no node left to add, or past the draft's window: the last level stays the leaves
                 mask = TokenTree(tuple(tokens), tuple(parents)).ancestor_mask()[first:end, 1:end]  # (n, end - 1)
                 ids = torch.tensor([tokens[first:end]], device=seq.device)  # (1, n)
                 logits = self.model(ids, self.cache, mask=mask)[0]  # (n, V)
                 calls, fed = calls + 1, end - 1
             probs = self.distributions(logits, sampling)  # (n, V)
             paths = [[tokens[u] for u in TokenTree(tuple(tokens), tuple(parents)).path(v)] for v in level]
-            counts = self.level_counts(shape, depth, [values[v] for v in level], probs, max_nodes - len(tokens) + 1)
+            counts = self.level_counts(shape, depth, [values[v] for v in level], probs, budget)
             next_level = []
             for v, path, q, count in zip(level, paths, probs, counts):
                 if count == 0:

@@ -108,7 +108,6 @@ def tree_speculative_generate(
 
     device = input_ids.device
     T = input_ids.size(1)
-    n_ctx = min(target.config.n_ctx, drafter.n_ctx)  # both caches take the tree's nodes
     max_len = T + min(max_new_tokens, target.config.n_ctx - T)  # as the baseline: never past n_ctx
     seq = torch.empty(1, max_len, dtype=torch.long, device=device)  # (1, max_len) committed tokens
     seq[:, :T] = input_ids
@@ -125,9 +124,10 @@ def tree_speculative_generate(
     drafter.prefill(seq[:, : T - 1])
 
     while S < max_len:
-        # The step emits at most depth + 1 tokens, and the tree's nodes take cache slots [S, S + nodes).
+        # The step emits at most depth + 1 tokens, and the tree's nodes take the target's cache slots
+        # [S, S + nodes); the draft, which is never fed the deepest level, stops growing the tree at its own window.
         max_depth = min(shape.max_depth, max_len - S - 1, drafter.max_depth(S))
-        max_nodes = n_ctx - S
+        max_nodes = target.config.n_ctx - S
 
         t0 = clock(device)
         proposal: TreeDraft | None = None

@@ -135,6 +135,24 @@ def test_a_draft_with_a_shorter_window_stops_drafting_and_the_target_goes_on(mod
     assert out.tolist() == generate(target, prompt(), 1000).tolist()
     assert max(c.cached + c.tokens for c in draft_calls.calls) <= 24  # never past the draft's window
     assert stats.plain_steps > 0
+    # At the end of its window it still drafts a first level, as a chain drafts one token there: the deepest
+    # level is never fed to the draft, so the tree's nodes need room in the target's window only.
+    end = torch.arange(24)[None] % 64  # (1, 24): the draft's window full
+    for how in ({"tree": "2,2,2"}, {"gamma": 3}):
+        out, stats = speculative_generate(target, short_draft, end, max_new_tokens=2, **how)
+        assert out.tolist() == generate(target, end, 2).tolist()
+        assert stats.drafted == (2 if "tree" in how else 1), how
+
+
+def test_a_tree_drafts_no_level_past_its_node_budget(models):
+    # 4 nodes, depth 3 grows 2 + 2 nodes: its budget is spent at depth 2, so feeding that level to the draft
+    # would buy no node; a step's draft passes: one for the root, one per level fed.
+    target, drafts = models
+    out, stats = speculative_generate(target, drafts["perturbed"], prompt(), tree=TreeShape(nodes=4, depth=3),
+                                      max_new_tokens=40)
+    assert out.tolist() == generate(target, prompt(), 40).tolist()
+    drafting_steps = stats.target_calls - stats.plain_steps
+    assert drafting_steps > 0 and stats.draft_calls <= 2 * drafting_steps
 
 
 @pytest.mark.parametrize("shape_name", ["2,2,1", "3,2,1,1"])
@@ -299,7 +317,7 @@ def test_the_simulated_tree_drafter_refuses_bad_settings(models):
         ({"tree": "0,2"}, "integers >= 1 such as 3,2,1,1"),
         ({"tree": "abc"}, "integers >= 1 such as 3,2,1,1"),
         ({"tree": (2, 1)}, "tree must be a TreeShape or text"),
-        ({}, "gamma must be an integer >= 1"),
+        ({}, r"give gamma \(tokens drafted per step.*\) or tree"),
         ({"tree": TreeShape(nodes=10**8, depth=10**8)}, "the tree's depth is 100000000, more tokens than the target"),
         ({"tree": "2,1", "stats": SpecStats(3)}, r"stats must be a fresh SpecStats\(2, tree=...\)"),
         ({"tree": "2,1", "on_step": "print"}, "on_step must be a function"),
