@@ -173,7 +173,9 @@ class TreeShape:
 
     @property
     def max_depth(self) -> int:
-        return len(self.branching) if self.is_static else self.depth
+        """The deepest level it reaches: a dynamic shape's levels of `width` nodes
+        may spend its nodes before `depth` (16 nodes, depth 5: four levels of 4)."""
+        return len(self.branching) if self.is_static else -(-self.nodes // self.width)
 
     @property
     def max_nodes(self) -> int:

@@ -107,6 +107,8 @@ def test_tree_shapes():
     assert TreeShape.parse("1,1,1").is_chain
     dynamic = TreeShape(nodes=10, depth=4)
     assert (dynamic.max_nodes, dynamic.max_depth, dynamic.width) == (10, 4, 3)
+    reaches = {(16, 5): 4, (6, 4): 3, (12, 4): 4, (5, 5): 5, (7, 1): 1}  # (nodes, depth): the depth it reaches
+    assert {key: TreeShape(nodes=key[0], depth=key[1]).max_depth for key in reaches} == reaches
 
 
 @pytest.mark.parametrize(
@@ -307,6 +309,17 @@ def test_drafting_feeds_one_level_per_pass(shape, temperature):
         assert proposal.probs is None
     else:
         assert proposal.probs.shape == (tree.size, CONFIG.vocab_size)
+
+
+@torch.inference_mode()
+def test_a_level_that_gets_no_children_is_not_fed_to_the_draft():
+    # 4 nodes left (the target's window ending): "2,2,2" grows 2 + 2 and stops; feeding depth 2 would buy nothing.
+    drafter = TreeDrafter(tiny_gpt2(CONFIG, seed=1))
+    seq = torch.tensor(PREFIX)
+    drafter.prefill(seq[:, :-1])
+    proposal = drafter.propose(seq, TreeShape.parse("2,2,2"), max_depth=3, max_nodes=4, sampling=SamplingConfig(),
+                               generator=None)
+    assert proposal.tree.size == 5 and proposal.forward_calls == 2  # the root's pass and depth 1's
 
 
 @torch.inference_mode()

@@ -144,15 +144,13 @@ def test_a_draft_with_a_shorter_window_stops_drafting_and_the_target_goes_on(mod
         assert stats.drafted == (2 if "tree" in how else 1), how
 
 
-def test_a_tree_drafts_no_level_past_its_node_budget(models):
-    # 4 nodes, depth 3 grows 2 + 2 nodes: its budget is spent at depth 2, so feeding that level to the draft
-    # would buy no node; a step's draft passes: one for the root, one per level fed.
+def test_a_dynamic_tree_stops_where_its_nodes_run_out(models):
+    # 4 nodes, depth 3 grows two levels of 2: it reaches depth 2, and drafts nothing it would not verify.
     target, drafts = models
-    out, stats = speculative_generate(target, drafts["perturbed"], prompt(), tree=TreeShape(nodes=4, depth=3),
-                                      max_new_tokens=40)
+    shape = TreeShape(nodes=4, depth=3)
+    out, stats = speculative_generate(target, drafts["perturbed"], prompt(), tree=shape, max_new_tokens=40)
     assert out.tolist() == generate(target, prompt(), 40).tolist()
-    drafting_steps = stats.target_calls - stats.plain_steps
-    assert drafting_steps > 0 and stats.draft_calls <= 2 * drafting_steps
+    assert shape.max_depth == stats.gamma == 2 and stats.draft_calls <= 2 * (stats.target_calls - stats.plain_steps)
 
 
 @pytest.mark.parametrize("shape_name", ["2,2,1", "3,2,1,1"])
