@@ -100,8 +100,9 @@ class TreeDrafter:
             seq: the committed tokens.
             shape: how the tree grows.
             max_depth, max_nodes: limits below the shape's own (the token
-                budget, the context windows), >= 1. The tree also stops
-                growing where feeding a level would pass the draft's window.
+                budget, the target's window), >= 1. No level is fed to the
+                draft unless it gets children: the tree stops where its nodes
+                run out or feeding a level would pass the draft's window.
             sampling: greedy drafts the top candidates; otherwise children
                 are drawn without replacement.
             generator: randomness for the draws.
