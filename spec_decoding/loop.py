@@ -79,7 +79,7 @@ def speculative_generate(
             or a `GammaSchedule` (one sequence only). The output does not
             depend on it.
         tree: a token tree instead of a chain, a TreeShape or text such as
-            "3,2,1,1" (tree_loop.py); give gamma or tree, not both.
+            "3,2,1,1" (tree_loop.py); give exactly one of gamma and tree.
         max_new_tokens: the most tokens to add.
         temperature, top_k, top_p: the one sampling filter, applied alike to
             draft and target; temperature 0 is greedy.
