@@ -42,6 +42,14 @@ def is_folder(path: str | Path) -> bool:
         return False
 
 
+def is_file(path: Path) -> bool:
+    """`Path.is_file`, but False rather than an OSError (see `is_folder`)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def local_folder_for(repo_id: str, weights_dir: str | Path | None = None) -> Path:
     """Where the files of `repo_id` are kept: weights/<owner>--<name>."""
     return Path(weights_dir if weights_dir is not None else WEIGHTS_DIR) / repo_id.replace("/", "--")
@@ -206,7 +214,7 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
     Raises:
         ValueError: `source` is empty, neither a model folder nor a valid Hub
             id, or `source`/`weights_dir` is not a str or Path.
-        FileNotFoundError: a path that does not exist or has no config.json.
+        FileNotFoundError: a path that does not exist, is a file or has no config.json.
     """
     if not isinstance(source, (str, Path)):
         raise ValueError(
@@ -230,6 +238,9 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
                 f"{folder} has no config.json: a model folder needs config.json and model.safetensors "
                 "(as downloaded from the Hugging Face Hub)"
             )
+        if is_file(folder):
+            raise FileNotFoundError(f"{folder} is a file, not a model folder: pass the folder that holds "
+                                    f"config.json and model.safetensors, such as {folder.parent}")
         raise FileNotFoundError(f"model folder {folder} does not exist: check the path, or pass a Hub repo id "
                                 "such as 'gpt2'")
     check_repo_id(text)

@@ -237,6 +237,12 @@ def test_a_folder_that_does_not_exist_raises_file_not_found(tmp_path):
         load_model(tmp_path / "nowhere")
 
 
+def test_a_file_given_for_the_model_folder_names_its_folder(folder):
+    for source in (folder / "model.safetensors", str(folder / "config.json")):
+        with pytest.raises(FileNotFoundError, match=f"is a file, not a model folder: .*such as {folder}$"):
+            load_model(source)
+
+
 def test_empty_source_raises_value_error():
     with pytest.raises(ValueError, match="the model source is empty"):
         load_model("")
