@@ -314,7 +314,8 @@ def report_lines(summary: dict, args: argparse.Namespace) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.batch_speed", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--target", default="gpt2-large", help="target shape (random weights)")
     p.add_argument("--draft", default="gpt2", help="draft shape (random weights)")
     p.add_argument("--tiny", action="store_true", help="tiny random models, for tests and smoke runs")

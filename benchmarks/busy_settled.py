@@ -53,7 +53,7 @@ def measure(model, passes: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.busy_settled", description=__doc__.split("\n\n")[0])
     p.add_argument("--busy", type=int, default=1, help="cores kept busy (default 1; at most the logical CPUs)")
     p.add_argument("--passes", type=int, default=30, help="timed passes of each kind (default 30)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of both settings (default 2)")

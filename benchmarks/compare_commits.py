@@ -154,7 +154,7 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m benchmarks.compare_commits", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("before", help="the checkout to compare against (a folder)")
     p.add_argument("after", help="the checkout with the change (a folder)")

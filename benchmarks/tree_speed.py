@@ -355,7 +355,7 @@ def report(payload: dict, env: dict, args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tree_speed", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="gpt2-large")
     parser.add_argument("--draft", default="gpt2")
     parser.add_argument("--draft-quantize", choices=("none", "int8"), default="none",
