@@ -1,7 +1,8 @@
 """The layout the code promises its readers: the model imports no speed
 machinery, no module imports itself back through others, all C lives in the
 speed subpackage, module docstrings stay short, and measured figures live in
-docs/performance.md, not in comments or docstrings."""
+docs/performance.md, not in comments or docstrings; each benchmark's --help
+names the command that runs it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import io
 import re
 import tokenize
 from pathlib import Path
+
+import pytest
 
 from helpers import REPO_ROOT
 
@@ -169,3 +172,18 @@ def test_tests_take_fixtures_from_conftest_and_helpers_from_helpers():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             importers += [path.name for name in names if name.split(".")[0] == "conftest"]
     assert not importers, importers
+
+
+def test_every_benchmark_names_itself_as_it_is_run(capsys):
+    """Benchmarks run as `python -m benchmarks.<name>`: --help's usage line says so (argparse's default would be
+    the file name, a command that fails: run as a file, `benchmarks` cannot be imported)."""
+    import importlib
+
+    commands = sorted(name for name, path in project_modules().items()
+                      if name.startswith("benchmarks.") and "def main(" in path.read_text(encoding="utf-8"))
+    assert len(commands) >= 9, commands
+    for name in commands:
+        with pytest.raises(SystemExit) as exit_info:
+            importlib.import_module(name).main(["--help"])
+        assert exit_info.value.code == 0
+        assert capsys.readouterr().out.startswith(f"usage: python -m {name} "), name
