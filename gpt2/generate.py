@@ -127,6 +127,9 @@ def check_prompts(
             raise ValueError(
                 f"prompts must be a list of token-id lists or a (batch, tokens) tensor, got {type(prompts).__name__}"
             )
+        if prompts and all(isinstance(t, int) for t in prompts):
+            raise ValueError(f"prompts is one list of token ids, {list(prompts)!r:.40}: a batch is a list of "
+                             "such lists ([[15496, 995]]); one prompt can also be a (1, tokens) tensor")
         rows = [prompt_row(row, b) for b, row in enumerate(prompts)]
     if not rows:
         raise ValueError("the batch is empty: give at least one prompt")
