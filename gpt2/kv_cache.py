@@ -112,11 +112,23 @@ class KVCache:
 
     def rewind(self, length: int | torch.Tensor) -> None:
         """Forgets every position from `length` on (one int for all rows, or a
-        (B,) tensor), in O(1): no copy, no recompute."""
+        (B,) tensor), in O(1): no copy, no recompute.
+
+        Raises:
+            ValueError: `length` would add positions (past a row's length, or
+                below 0), or is not one length or one per row.
+        """
+        if isinstance(length, torch.Tensor):
+            integral = not (length.is_floating_point() or length.is_complex() or length.dtype == torch.bool)
+            ok = integral and length.dim() <= 1 and length.numel() in (1, self.batch_size)
+        else:
+            ok = not isinstance(length, bool) and hasattr(type(length), "__index__")  # int, numpy.int64, ...
+        if not ok:
+            raise ValueError(f"rewind takes one integer length or {self.batch_size} (one per row), got {length!r:.60}")
         lengths = torch.as_tensor(length, dtype=torch.int64).expand(self.batch_size)  # (B,)
-        assert bool((lengths >= 0).all() and (lengths <= self.lengths).all()), (
-            f"cannot rewind lengths {self.lengths.tolist()} to {lengths.tolist()}"
-        )
+        if not bool((lengths >= 0).all() and (lengths <= self.lengths).all()):
+            raise ValueError(f"cannot rewind lengths {self.lengths.tolist()} to {lengths.tolist()}: rewinding only "
+                             "forgets positions, to a length from 0 to each row's own")
         self.lengths = lengths.clone()
 
     def keep(self, row: int, start: int, positions: torch.Tensor) -> None:

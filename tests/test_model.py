@@ -193,6 +193,21 @@ def test_a_bad_cache_size_raises_value_error(tiny, batch_size, capacity, message
         tiny.new_cache(batch_size, capacity)
 
 
+@torch.no_grad()
+def test_rewinding_past_a_rows_length_raises_value_error(tiny):
+    cache = tiny.new_cache(batch_size=2)
+    tiny(random_ids(TINY, B=2, T=5), cache)
+    for bad in (6, -1, torch.tensor([3, 6])):
+        with pytest.raises(ValueError, match=r"cannot rewind lengths \[5, 5\] to .*only forgets positions"):
+            cache.rewind(bad)
+    for bad in (torch.tensor([1, 2, 3]), torch.tensor([2.0, 3.0]), torch.tensor(True), 2.5, True, "3", None):
+        with pytest.raises(ValueError, match="rewind takes one integer length or 2 \\(one per row\\)"):
+            cache.rewind(bad)
+    assert cache.lengths.tolist() == [5, 5]  # nothing forgotten by a refused rewind
+    cache.rewind(torch.tensor([2, 5]))
+    assert cache.lengths.tolist() == [2, 5]
+
+
 def test_uncached_forward_past_the_context_window_raises_value_error(tiny):
     ids = random_ids(TINY, B=1, T=TINY.n_ctx + 1)
     with pytest.raises(ValueError, match=rf"{TINY.n_ctx + 1} tokens .*context window of {TINY.n_ctx}"):
