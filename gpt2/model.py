@@ -160,30 +160,19 @@ class GPT2(nn.Module):
             that follows input_ids[:, t].
 
         Raises:
-            ValueError: no tokens, or positions that would run past the
-                context window n_ctx (or past the cache's capacity).
+            ValueError: input_ids not (B, T >= 1), a cache of another batch
+                size, a mask of another shape or reaching back past the
+                cache, or positions that would run past the context window
+                n_ctx (or past the cache's capacity).
         """
+        check_pass(self.config, input_ids, cache, mask)
         B, T = input_ids.size()
-        if T == 0:
-            raise ValueError("input_ids holds no tokens: a forward pass needs at least one")
         if mask is None:
             seen = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()  # (T, T): causal
         else:
-            assert mask.dim() == 2 and mask.size(0) == T and mask.size(1) >= T and mask.dtype == torch.bool, (
-                f"mask must be ({T}, W >= {T}) bool, got {tuple(mask.shape)} {mask.dtype}"
-            )
             seen = mask.to(input_ids.device)
         lengths = torch.zeros(B, dtype=torch.int64) if cache is None else cache.lengths  # (B,)
         window_cached = seen.size(1) - T  # cached positions inside the mask's window
-        assert window_cached <= int(lengths.min()), f"the mask's window reaches {window_cached} cached positions back"
-        if int(lengths.max()) + T > self.config.n_ctx:
-            raise ValueError(
-                f"{int(lengths.max()) + T} tokens do not fit GPT-2's context window of {self.config.n_ctx}: "
-                "use a shorter prompt or fewer new tokens"
-            )
-        if cache is not None:
-            assert cache.batch_size == B, f"cache batch {cache.batch_size} != input batch {B}"
-            cache.check_room(T)
 
         depth = seen.sum(dim=1) - 1  # (T,): how many earlier window tokens each one sees
         positions = lengths.to(input_ids.device)[:, None] - window_cached + depth[None, :]  # (B, T)
@@ -203,6 +192,30 @@ class GPT2(nn.Module):
         if cache is not None:
             cache.advance(T)
         return logits
+
+
+def check_pass(config: GPT2Config, input_ids: torch.Tensor, cache: KVCache | None, mask: torch.Tensor | None) -> None:
+    """Raises a ValueError, saying what to give instead, unless `GPT2.forward` can run on these arguments."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be a (batch, tokens) tensor of token ids, got {got}")
+    B, T = input_ids.size()
+    if T == 0:
+        raise ValueError("input_ids holds no tokens: a forward pass needs at least one")
+    if cache is not None and cache.batch_size != B:
+        raise ValueError(f"the cache holds {cache.batch_size} rows but input_ids has {B}: use model.new_cache({B})")
+    if mask is not None and not (mask.dim() == 2 and mask.size(0) == T and mask.size(1) >= T
+                                 and mask.dtype == torch.bool):
+        raise ValueError(f"mask must be a ({T}, W >= {T}) bool tensor, got {tuple(mask.shape)} {mask.dtype}")
+    lengths = torch.zeros(B, dtype=torch.int64) if cache is None else cache.lengths  # (B,)
+    if mask is not None and mask.size(1) - T > int(lengths.min()):
+        raise ValueError(f"the mask's window reaches {mask.size(1) - T} cached positions back, but a row of the "
+                         f"cache holds {int(lengths.min())}")
+    if int(lengths.max()) + T > config.n_ctx:
+        raise ValueError(f"{int(lengths.max()) + T} tokens do not fit GPT-2's context window of {config.n_ctx}: "
+                         "use a shorter prompt or fewer new tokens")
+    if cache is not None:
+        cache.check_room(T)
 
 
 def init_random_weights(model: GPT2, *, std: float = 0.02, generator: torch.Generator | None = None) -> GPT2:

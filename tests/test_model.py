@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt2 import GPT2, PRESETS, GPT2Config, KVCache, load_model
+from gpt2 import GPT2, PRESETS, GPT2Config, KVCache, fast, load_model
 from gpt2.fast.accelerator import FastGPT2
 from helpers import TINY, hub_state_dict, make_hf_model, write_checkpoint
 
@@ -206,6 +206,32 @@ def test_rewinding_past_a_rows_length_raises_value_error(tiny):
     assert cache.lengths.tolist() == [5, 5]  # nothing forgotten by a refused rewind
     cache.rewind(torch.tensor([2, 5]))
     assert cache.lengths.tolist() == [2, 5]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("accelerated", [False, True])
+def test_a_forward_pass_it_cannot_run_raises_value_error(request, tiny, accelerated):
+    model = GPT2(TINY).eval()
+    model.load_state_dict(tiny.state_dict())
+    if accelerated:  # the checks come before the seam: both paths refuse alike
+        request.getfixturevalue("fast_kernels")
+        fast.accelerate(model)
+        assert isinstance(model.accelerator, FastGPT2)
+    ids, cache = random_ids(TINY, B=2, T=3), model.new_cache(2)
+    model(ids, cache)
+    bad = {
+        "input_ids must be a \\(batch, tokens\\) tensor of token ids, got \\(3,\\)": (ids[0], None, None),
+        "got list": ([[1, 2]], None, None),
+        "the cache holds 2 rows but input_ids has 1: use model.new_cache\\(1\\)": (ids[:1], cache, None),
+        "mask must be a \\(3, W >= 3\\) bool tensor, got \\(3, 2\\)": (ids, cache, torch.ones(3, 2, dtype=torch.bool)),
+        "bool tensor, got \\(3, 3\\) torch.float32": (ids, cache, torch.ones(3, 3)),
+        "the mask's window reaches 4 cached positions back, but a row of the cache holds 3":
+            (ids, cache, torch.ones(3, 7, dtype=torch.bool)),
+    }
+    for message, (input_ids, c, mask) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            model(input_ids, c, mask=mask)
+    assert cache.lengths.tolist() == [3, 3]  # a refused pass writes nothing
 
 
 def test_uncached_forward_past_the_context_window_raises_value_error(tiny):
