@@ -332,7 +332,7 @@ def read_prompts_file(path: str) -> list[tuple[int, str]]:
     if not (file.is_file() or file.is_fifo()):  # a device: /dev/zero would be read forever
         raise ValueError(f"--prompts-file {path} is not a file: give a text file with one prompt per line")
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark (Windows editors write one) is dropped
     except UnicodeDecodeError:
         raise ValueError(f"--prompts-file {path} is not UTF-8 text") from None
     lines = text.split("\n")

@@ -921,6 +921,14 @@ def test_a_prompts_file_may_be_a_pipe(tmp_path):
         writer.wait()
 
 
+@pytest.mark.parametrize("content", ['Hello\r\nOnce upon a time\r\n',
+                                     '{"prompt": "Hello"}\n{"prompt": "Once upon a time"}\n'], ids=["text", "JSON"])
+def test_a_prompts_file_that_starts_with_a_byte_order_mark(tmp_path, content):
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + content.encode())  # UTF-8's byte-order mark, as Windows Notepad writes it
+    assert cli.read_prompts_file(str(path)) == [(1, "Hello"), (2, "Once upon a time")]
+
+
 def test_a_config_json_with_a_field_of_the_wrong_kind(tmp_path, capsys, folders):
     broken = tmp_path / "broken"
     broken.mkdir()
