@@ -240,6 +240,7 @@ def decode_rows(
             S[i] += len(new)
             emitted_drafts = min(verdict.num_accepted, len(new))  # fewer if an accepted draft was end-of-text
             row_stats.record_step(K[i], emitted_drafts, target_token=len(new) > emitted_drafts)
+            row_stats.gamma_hist[K[i]] += 1
             row_stats.draft_calls += K[i]
             row_stats.draft_seconds += t1 - t0
             row_stats.verify_seconds += t2 - t1

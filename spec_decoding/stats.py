@@ -83,7 +83,8 @@ class SpecStats:
         tree: for a token tree (tree_loop.py), its shape; gamma is then its
             depth, a "draft position" a depth, `drafted` counts tree nodes,
             and reached_at[i] counts the steps that judged the candidates at
-            depth i + 1. None for a chain.
+            depth i + 1, gamma_hist[K] the steps that asked for a tree of depth
+            K. None for a chain.
         accepted_rank: trees only: accepted_rank[i][r] = steps that accepted,
             at depth i + 1, the sibling of rank r (0 = the first drafted).
     """

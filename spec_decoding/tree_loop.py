@@ -128,6 +128,7 @@ def tree_speculative_generate(
         # [S, S + nodes); the draft, which is never fed the deepest level, stops growing the tree at its own window.
         max_depth = min(shape.max_depth, max_len - S - 1, drafter.max_depth(S))
         max_nodes = target.config.n_ctx - S
+        stats.gamma_hist[max_depth] += 1
 
         t0 = clock(device)
         proposal: TreeDraft | None = None

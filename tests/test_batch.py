@@ -324,7 +324,9 @@ def test_a_batch_of_one_is_todays_single_sequence_path(target, drafts, temperatu
             target, drafts["perturbed"], torch.tensor([prompt]), generator=torch.Generator().manual_seed(7), **kwargs
         )
         assert rows == out.tolist()
-        assert batch_stats.rows[0].accepted_hist == stats.accepted_hist
+        timing = ("draft_seconds", "verify_seconds")
+        assert ({k: v for k, v in batch_stats.rows[0].to_dict().items() if k not in timing}
+                == {k: v for k, v in stats.to_dict().items() if k not in timing})
 
 
 def test_the_order_of_the_rows_does_not_matter(target, drafts):

@@ -68,7 +68,8 @@ def check_stats_consistent(stats: SpecStats, out: torch.Tensor, T: int, shape: T
     hist = stats.accepted_hist
     assert stats.gamma == shape.max_depth and stats.tree == str(shape)
     assert stats.new_tokens == out.size(1) - T == stats.accepted + stats.target_tokens
-    assert stats.target_calls == sum(hist)
+    assert stats.target_calls == sum(hist) == sum(stats.gamma_hist)  # gamma_hist[K]: steps asking for depth K
+    assert stats.gamma_hist[0] <= stats.plain_steps
     assert stats.accepted == sum(n * steps for n, steps in enumerate(hist))
     assert stats.drafted <= shape.max_nodes * stats.target_calls
     assert stats.accepted_at == [sum(hist[i + 1 :]) for i in range(shape.max_depth)]
@@ -283,8 +284,8 @@ def test_a_one_branch_tree_meets_the_same_luck_as_the_chain(models, seed):
     tree = speculative_generate(target, SimulatedTreeDrafter(drafts["unrelated"], reference, (0.6, 0.2), seed=seed),
                                 ids, tree="1,1,1", max_new_tokens=NEW_TOKENS)[1]
     assert 0 < chain.accepted < chain.drafted
-    assert (tree.accepted, tree.target_calls, tree.accepted_hist) == (chain.accepted, chain.target_calls,
-                                                                     chain.accepted_hist)
+    assert (tree.accepted, tree.target_calls, tree.accepted_hist, tree.gamma_hist) == (
+        chain.accepted, chain.target_calls, chain.accepted_hist, chain.gamma_hist)
 
 
 def test_the_simulated_tree_drafter_refuses_bad_settings(models):
