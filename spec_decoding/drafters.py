@@ -51,10 +51,10 @@ class Drafter(ABC):
 
     Attributes:
         model: the GPT-2 it runs, whose step cost `gamma="auto"` measures;
-            None for a drafter without a model (its cost is taken as 0).
+            None (the default) for a drafter without a model: its cost is taken as 0.
     """
 
-    model: GPT2 | None
+    model: GPT2 | None = None
 
     @property
     @abstractmethod

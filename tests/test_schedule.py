@@ -333,3 +333,34 @@ def test_a_gamma_the_window_could_never_verify_says_the_most_it_can_be(gamma):
     with pytest.raises(ValueError, match="context window of 32 could ever verify: give at most 31"):
         make_schedule(gamma, target, NgramDrafter())
     assert make_schedule(31, target, NgramDrafter()).max_gamma == 31
+
+
+def test_gamma_auto_takes_a_drafter_written_to_the_abc_without_a_model(tmp_path, monkeypatch):
+    from gpt2 import generate
+    from spec_decoding import Draft, Drafter, speculative_generate
+
+    class RepeatLast(Drafter):
+        """Proposes the last token again: no model, so drafting costs nothing (`Drafter.model` is None)."""
+
+        vocab_size = None
+
+        def prefill(self, prefix):
+            pass
+
+        def max_draft(self, seq_len):
+            return 10**9
+
+        def propose(self, seq, K, sampling, generator):
+            return Draft(tokens=seq[0, -1:].repeat(K), probs=None, forward_calls=0)
+
+        def rewind(self, valid):
+            pass
+
+    monkeypatch.setattr(spec_decoding.costs, "default_cache_dir", lambda: tmp_path)
+    target = tiny_gpt2(CONFIG, seed=0)
+    ids = torch.tensor([[1, 2, 3]])
+    out, stats = speculative_generate(target, RepeatLast(), ids, gamma="auto", max_new_tokens=10)
+    assert out.tolist() == generate(target, ids, 10).tolist()
+    assert sum(stats.gamma_hist) == stats.target_calls and stats.draft_calls == 0
+    (stored,) = tmp_path.glob("step-costs-*.json")
+    assert json.loads(stored.read_text())["t_draft"] == 0.0
