@@ -28,10 +28,12 @@ from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
 from .acceptance import speculative_sampling, speculative_sampling_greedy
 from .batch import batch_speculative_generate, row_generators
+from .batch_drafters import BatchDrafter
 from .drafters import Draft, Drafter, ModelDrafter
 from .schedule import GammaSchedule, make_schedule
 from .stats import BatchStats, SpecStats, clock
 from .tree import TreeShape
+from .tree_drafting import TreeDrafter
 from .tree_loop import tree_speculative_generate
 
 
@@ -132,10 +134,11 @@ def speculative_generate(
     if isinstance(draft, GPT2):
         draft = ModelDrafter(draft)
     if not isinstance(draft, Drafter):
-        raise ValueError(
-            f"the draft must be a loaded GPT2 model or a drafter (spec_decoding.drafters), got "
-            f"{type(draft).__name__}: load it first with gpt2.load_model('gpt2')"
-        )
+        fix = ("it drafts token trees: give tree= instead of gamma" if isinstance(draft, TreeDrafter)
+               else "it drafts for a batch: give the prompts as a list of token-id lists"
+               if isinstance(draft, BatchDrafter) else "load it first with gpt2.load_model('gpt2')")
+        raise ValueError(f"the draft must be a loaded GPT2 model or a drafter (spec_decoding.drafters), got "
+                         f"{type(draft).__name__}: {fix}")
     drafter = draft
     if drafter.vocab_size is not None and drafter.vocab_size != target.config.vocab_size:
         raise ValueError(

@@ -25,6 +25,7 @@ from gpt2.generate import check_callback, check_eos_id, check_max_new_tokens, ch
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
+from .batch_drafters import BatchDrafter
 from .drafters import Drafter, ModelDrafter
 from .schedule import check_draft_length
 from .stats import SpecStats, clock
@@ -88,11 +89,12 @@ def tree_speculative_generate(
     if isinstance(draft, (GPT2, ModelDrafter)):
         draft = TreeDrafter(draft)
     if not isinstance(draft, TreeDrafter):
-        raise ValueError(
-            f"a token tree is drafted by a model: pass a loaded GPT2 draft (or a TreeDrafter), got "
-            f"{type(draft).__name__}" + (f": {type(draft).__name__} drafts chains, give gamma" if isinstance(
-                draft, Drafter) else ": load it first with gpt2.load_model('gpt2')")
-        )
+        name = type(draft).__name__
+        fix = (f"{name} drafts chains, give gamma" if isinstance(draft, Drafter)
+               else f"{name} drafts chains for a batch; a tree takes one prompt and the GPT2 draft model"
+               if isinstance(draft, BatchDrafter) else "load it first with gpt2.load_model('gpt2')")
+        raise ValueError(f"a token tree is drafted by a model: pass a loaded GPT2 draft (or a TreeDrafter), got "
+                         f"{name}: {fix}")
     drafter = draft
     if drafter.vocab_size != target.config.vocab_size:
         raise ValueError(

@@ -21,7 +21,7 @@ import torch
 
 from gpt2 import GPT2, GPT2Config, generate
 from gpt2.sampling import SamplingConfig
-from spec_decoding import ModelDrafter, SimulatedDrafter, SpecStats, speculative_generate
+from spec_decoding import BatchDrafter, ModelDrafter, SimulatedDrafter, SpecStats, TreeDrafter, speculative_generate
 from helpers import ForwardRecorder, three_drafts, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -61,7 +61,8 @@ def check_stats_consistent(stats: SpecStats, out: torch.Tensor, T: int, gamma: i
     assert all(a <= r for a, r in zip(stats.accepted_at, stats.reached_at))
     # Each step emits its accepted drafts and the target's token (none after an accepted EOS).
     assert stats.new_tokens == stats.accepted + stats.target_tokens
-    assert stats.target_tokens == stats.target_calls or (stats.stopped_at_eos and stats.target_tokens == stats.target_calls - 1)
+    assert stats.target_tokens == stats.target_calls or (
+        stats.stopped_at_eos and stats.target_tokens == stats.target_calls - 1)
     assert stats.tokens_per_target_call == stats.new_tokens / stats.target_calls
     assert stats.draft_seconds >= 0.0 and stats.verify_seconds > 0.0
 
@@ -365,7 +366,10 @@ BAD_CALLS = {
     "top_k a bool": ({"top_k": True, "temperature": 1.0}, "top_k must be an integer >= 1"),
     "eos_id negative": ({"eos_id": -1}, "eos_id must be an integer >= 0"),
     "eos_id past the vocabulary": ({"eos_id": 10**9}, r"eos_id must be a token id in \[0, 64\)"),
-    "draft a string": ({"draft": "gpt2"}, "the draft must be a loaded GPT2 model or a drafter"),
+    "draft a string": ({"draft": "gpt2"}, "the draft must be a loaded GPT2 model or a drafter.* gpt2.load_model"),
+    "a tree drafter with gamma": ({"draft": "TreeDrafter"}, "got TreeDrafter: it drafts token trees: give tree="),
+    "a batch drafter, one prompt": ({"draft": "BatchDrafter"}, "got BatchDrafter: it drafts for a batch: give the "
+                                                               "prompts as a list of token-id lists"),
     "target a string": ({"target": "gpt2-large"}, "the target must be a loaded GPT2 model"),
     "negative budget": ({"max_new_tokens": -1}, "max_new_tokens must be an integer >= 0"),
     "negative temperature": ({"temperature": -1.0}, "temperature must be a number >= 0"),
@@ -389,6 +393,8 @@ def test_bad_arguments_raise_a_clear_error_before_any_work(target, drafts, case)
     kwargs = {"input_ids": prompt(), "gamma": 3, "max_new_tokens": 5} | overrides
     input_ids = kwargs.pop("input_ids")
     target_model, draft_model = kwargs.pop("target", target), kwargs.pop("draft", drafts["perturbed"])
+    wrapped = {"TreeDrafter": TreeDrafter, "BatchDrafter": BatchDrafter}  # a drafter for another loop
+    draft_model = wrapped[draft_model](drafts["perturbed"]) if draft_model in wrapped else draft_model
     with (
         ForwardRecorder(target) as target_rec,
         ForwardRecorder(drafts["perturbed"]) as draft_rec,

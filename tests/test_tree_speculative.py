@@ -20,6 +20,7 @@ import torch
 import gpt2.fast
 from gpt2 import GPT2, GPT2Config, generate
 from spec_decoding import (
+    BatchDrafter,
     ModelDrafter,
     NgramDrafter,
     SimulatedDrafter,
@@ -323,6 +324,8 @@ def test_the_simulated_tree_drafter_refuses_bad_settings(models):
         ({"tree": "2,1", "draft": NgramDrafter(3)}, "a token tree is drafted by a model: .*: NgramDrafter drafts "
                                                     "chains, give gamma"),
         ({"tree": "2,1", "draft": "gpt2"}, "a token tree is drafted by a model: .* gpt2.load_model"),
+        ({"tree": "2,1", "draft": "BatchDrafter"}, "got BatchDrafter: BatchDrafter drafts chains for a batch; a tree "
+                                                   "takes one prompt"),
         ({"tree": "2,1", "draft": "p_min"}, "p_min stops a chain; a tree keeps its shape"),
     ],
 )
@@ -331,6 +334,7 @@ def test_bad_tree_settings_raise_a_clear_error_before_any_work(models, how, mess
     how = dict(how)  # the parameters are shared by every model seed
     draft = how.pop("draft", drafts["perturbed"])
     draft = ModelDrafter(drafts["perturbed"], p_min=0.5) if draft == "p_min" else draft
+    draft = BatchDrafter(drafts["perturbed"]) if draft == "BatchDrafter" else draft
     with ForwardRecorder(target) as rec, pytest.raises(ValueError, match=message):
         speculative_generate(target, draft, prompt(), max_new_tokens=5, **how)
     assert rec.calls == []
