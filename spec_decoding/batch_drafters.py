@@ -15,11 +15,12 @@ with K_b = 0 finishes this step or has outgrown the draft's window for good.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
 
-from gpt2.generate import prefill_rows
+from gpt2.generate import check_model, prefill_rows
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
@@ -50,6 +51,7 @@ class BatchDrafter:
     position for all rows together."""
 
     def __init__(self, model: GPT2) -> None:
+        check_model(model, "draft")
         self.model = model
         self.cache = model.new_cache(1)
 
@@ -68,8 +70,9 @@ class BatchDrafter:
 
     def prefill(self, prompts: list[torch.Tensor], capacity: int) -> None:
         """Starts a new batch: caches every prompt ((T_b,) tokens) but its
-        last token, in one pass. A prompt its window cannot hold is not
-        cached: that row can never draft (`max_draft` is 0).
+        last token, in one pass per group of similar lengths (`prefill_rows`).
+        A prompt its window cannot hold is not cached: that row can never
+        draft (`max_draft` is 0).
 
         Args:
             prompts: the rows' prompts.
@@ -173,12 +176,24 @@ class SimulatedBatchDrafter(BatchDrafter):
     def __init__(self, model: GPT2, references: list[list[int]], alpha: float, *, seed: int = 0,
                  first_row: int = 0) -> None:
         super().__init__(model)
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"the simulated acceptance rate must lie in [0, 1], got {alpha}")
-        self.references = [list(map(int, reference)) for reference in references]
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"the simulated acceptance rate must be a number in [0, 1], got {alpha!r}")
+        try:
+            self.references = [list(map(operator.index, reference)) for reference in references]
+        except TypeError:
+            self.references = []
+        if not self.references:
+            raise ValueError(f"references must hold each row's greedy token ids, prompt included (gpt2.generate's "
+                             f"output for the batch, a list of token-id lists), got {references!r:.60}")
         self.alpha = alpha
         length = max(max(map(len, self.references)), model.config.n_ctx) + 1
         self.coins = position_coins(seed, first_row + len(self.references), length)[first_row:]  # [row][position]
+
+    def prefill(self, prompts: list[torch.Tensor], capacity: int) -> None:
+        if len(prompts) > len(self.references):
+            raise ValueError(f"{len(self.references)} references for a batch of {len(prompts)} prompts: give one "
+                             "reference per prompt")
+        super().prefill(prompts, capacity)
 
     def pick(
         self, row: int, position: int, logits: torch.Tensor, sampling: SamplingConfig,

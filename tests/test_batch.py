@@ -17,7 +17,7 @@ from gpt2 import GPT2Config, fast, generate
 from gpt2.generate import PASS_POSITIONS, length_groups
 from gpt2.sampling import SamplingConfig
 from spec_decoding import BatchStats, HeuristicGamma, ModelDrafter, NgramDrafter, SimulatedBatchDrafter, SpecStats
-from spec_decoding import speculative_generate
+from spec_decoding import BatchDrafter, speculative_generate
 from helpers import PERTURBATION, perturbed_copy, three_drafts, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -369,6 +369,24 @@ def test_simulated_batch_drafter_keeps_the_output_and_sets_alpha(target, drafts)
         rows, stats = speculative_generate(target, drafter, PROMPTS, gamma=4, max_new_tokens=NEW_TOKENS)
         assert rows == references
         assert stats.alpha == alpha if alpha in (0.0, 1.0) else 0.3 < stats.alpha < 0.9
+
+
+def test_batch_drafters_refuse_bad_settings_with_a_value_error(target, drafts):
+    references = generate(target, PROMPTS, NEW_TOKENS)
+    draft = drafts["unrelated"]
+    with pytest.raises(ValueError, match="the draft must be a loaded GPT2 model, got str"):
+        BatchDrafter("gpt2")
+    for alpha in ("0.5", True, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="the simulated acceptance rate must be a number in \\[0, 1\\]"):
+            SimulatedBatchDrafter(draft, references, alpha)
+    for bad in ([], references[0], ["abc"], [[1.5, 2.0]], None):
+        with pytest.raises(ValueError, match="references must hold each row's greedy token ids"):
+            SimulatedBatchDrafter(draft, bad, 0.5)
+    too_few = SimulatedBatchDrafter(draft, references[:2], 0.5)
+    with pytest.raises(ValueError, match=f"2 references for a batch of {len(PROMPTS)} prompts: give one reference"):
+        speculative_generate(target, too_few, PROMPTS, gamma=4, max_new_tokens=NEW_TOKENS)
+    as_tensor = SimulatedBatchDrafter(draft, torch.tensor([references[0], references[0]]), 1.0)  # rows of a tensor
+    assert as_tensor.references == [references[0], references[0]]
 
 
 def test_simulated_batch_acceptance_belongs_to_the_row_and_position(target, drafts):
