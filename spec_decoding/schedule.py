@@ -17,6 +17,7 @@ same for every schedule: greedy the target's, sampled the target's distribution.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -157,10 +158,9 @@ class AutoGamma(GammaSchedule):
                 f"the step costs cover target passes of up to {costs.max_tokens} tokens; max_gamma {max_gamma} "
                 f"needs {self.max_gamma + 1}: calibrate with max_tokens={self.max_gamma + 1}"
             )
-        if not 0.0 <= prior_alpha <= 1.0 or prior_weight <= 0:
-            raise ValueError(
-                f"the prior needs 0 <= prior_alpha <= 1 and prior_weight > 0, got {prior_alpha}, {prior_weight}"
-            )
+        if not (0.0 <= prior_alpha <= 1.0 and 0 < prior_weight < math.inf):  # NaN fails both
+            raise ValueError(f"the prior needs 0 <= prior_alpha <= 1 and a finite prior_weight > 0, got "
+                             f"{prior_alpha}, {prior_weight}")
         self.costs = costs
         self.prior_alpha = prior_alpha
         self.prior_weight = prior_weight

@@ -168,8 +168,10 @@ def test_auto_follows_the_acceptance_rate_and_comes_back_after_plain_steps():
 def test_auto_refuses_costs_that_do_not_cover_its_largest_gamma():
     with pytest.raises(ValueError, match="calibrate with max_tokens=13"):
         AutoGamma(linear_costs(0.1, 1.0, 0.05, max_tokens=5), max_gamma=12)
-    with pytest.raises(ValueError, match="prior_alpha"):
-        AutoGamma(linear_costs(0.1, 1.0, 0.05), prior_alpha=1.5)
+    for prior in ({"prior_alpha": 1.5}, {"prior_alpha": float("nan")}, {"prior_weight": 0.0},
+                  {"prior_weight": float("nan")}, {"prior_weight": float("inf")}):
+        with pytest.raises(ValueError, match="the prior needs 0 <= prior_alpha <= 1 and a finite prior_weight > 0"):
+            AutoGamma(linear_costs(0.1, 1.0, 0.05), **prior)
 
 
 # ---------------------------------------------------------------------------
