@@ -498,19 +498,22 @@ def compare_with_target_alone(
     `spec_tokens`; and the speedup this run's α and step costs predict.
 
     The two runs are timed one after the other, so a change of the machine's
-    load between them skews the measured speedup. The prediction
-    (`predicted_speedup`, Leviathan et al. Theorem 3.8 with the measured
-    verification cost) takes its target step cost t_t from `target_steps`,
-    plain target steps timed right before and after the speculative run, not
-    from the baseline: when the load changed, prediction and measurement
-    disagree.
+    load between them skews the measured speedup. The prediction is tokens
+    per target call x t_t / the run's measured cost per call (drafting and
+    verifying). For a fixed γ drafted by a model, the tokens are eq. 1's at the
+    run's α for the K each step asked (`expected_tokens`): Leviathan et al.
+    Theorem 3.8 with the verification at its measured cost, exactly, when
+    every step drafted γ. For a tree, a schedule, p_min or prompt lookup (no
+    closed form in α) they are the run's measured tokens per call. t_t comes
+    from `target_steps`, plain target steps timed right before and after the
+    speculative run, not from the baseline: when the load changed, prediction
+    and measurement disagree.
     """
     import statistics
 
-    from cli.report import speedups_agree
+    from cli.report import expected_tokens, speedups_agree
     from gpt2 import END_OF_TEXT_ID, generate
     from gpt2.generate import first_difference
-    from spec_decoding import predicted_speedup
     from spec_decoding.stats import clock
 
     step_seconds = {
@@ -518,13 +521,10 @@ def compare_with_target_alone(
         "target": statistics.median(target_steps),  # t_t, around the speculative run
         "verify": stats.verify_seconds / stats.target_calls,  # t_v(γ + 1)
     }
-    if stats.tree is None and isinstance(args.gamma, int) and args.draft != NGRAM_DRAFT:
-        predicted = predicted_speedup(
-            stats.alpha, args.gamma, step_seconds["draft"], step_seconds["target"], step_seconds["verify"]
-        )
-    else:  # a tree, a γ schedule, prompt lookup: no closed form in α; measured tokens per call over step cost
-        step = (stats.draft_seconds + stats.verify_seconds) / stats.target_calls
-        predicted = stats.tokens_per_target_call * step_seconds["target"] / step
+    closed_form = (stats.tree is None and isinstance(args.gamma, int) and args.draft != NGRAM_DRAFT
+                   and args.draft_p_min is None)
+    tokens = expected_tokens(stats) if closed_form else stats.tokens_per_target_call
+    predicted = tokens * step_seconds["target"] * stats.target_calls / (stats.draft_seconds + stats.verify_seconds)
 
     print("decoding with the target alone for --compare ...", file=sys.stderr)
     device = input_ids.device
@@ -547,6 +547,7 @@ def compare_with_target_alone(
         "speedup": speedup,
         "step_seconds": step_seconds,
         "predicted_speedup": predicted,
+        "predicted_from": "alpha" if closed_form else "tokens_per_target_call",
         "speedup_matches_prediction": speedups_agree(speedup, predicted),
         "greedy": sampling.greedy,
         "identical": baseline_ids == spec_tokens,

@@ -36,6 +36,7 @@ from cli.report import print_comparison
 from cli.stream import ACCEPTED_STYLE, TARGET_STYLE, TokenStream
 from gpt2 import GPT2Config, load_tokenizer
 from gpt2.generate import first_difference
+from spec_decoding import expected_tokens_per_step
 from helpers import REPO_ROOT, hub_layout, perturbed_copy, tiny_gpt2, write_checkpoint
 from hub_server import HubServer, closed_endpoint
 
@@ -442,6 +443,26 @@ def test_plain_steps_once_the_sequence_outgrows_the_draft_window(capsys, folders
     assert 0 < stats["plain_steps"] < stats["target_calls"], "drafts first, then plain steps past 32 tokens"
     assert stats["accepted"] + stats["target_tokens"] == stats["new_tokens"] == 20
     assert out["comparison"]["identical"] is True
+    # The prediction takes eq. 1 for the K each step asked (0 past the draft's window), not γ for every step.
+    comparison, hist = out["comparison"], stats["gamma_hist"]
+    expected = sum(n * expected_tokens_per_step(stats["alpha"], K) for K, n in enumerate(hist)) / sum(hist)
+    cost_per_call = (stats["draft_seconds"] + stats["verify_seconds"]) / stats["target_calls"]
+    assert hist[0] == stats["plain_steps"] and comparison["predicted_from"] == "alpha"
+    assert comparison["predicted_speedup"] == pytest.approx(
+        expected * comparison["step_seconds"]["target"] / cost_per_call, rel=1e-9)
+    assert expected < expected_tokens_per_step(stats["alpha"], 4)
+
+
+def test_with_p_min_the_prediction_takes_the_measured_tokens_per_call(capsys, folders, single_thread):
+    """p_min stops a chain short of γ, so eq. 1 at γ would overstate what a step drafts."""
+    args = [*local_models(folders), "--json", "--compare", "--gamma", "8", "--draft-p-min", "1.0"]
+    out = json.loads(run_main(capsys, *args, "-p", "Hello world").stdout)
+    stats, comparison = out["stats"], out["comparison"]
+    assert stats["draft_calls"] < 8 * stats["target_calls"], "p_min stopped the chains early"
+    cost_per_call = (stats["draft_seconds"] + stats["verify_seconds"]) / stats["target_calls"]
+    assert comparison["predicted_from"] == "tokens_per_target_call"
+    assert comparison["predicted_speedup"] == pytest.approx(
+        stats["tokens_per_target_call"] * comparison["step_seconds"]["target"] / cost_per_call, rel=1e-9)
 
 
 @pytest.mark.parametrize("prompt_tokens", [120, 127])
@@ -574,7 +595,7 @@ def comparison_of(spec: list[int], alone: list[int], *, speedup: float, predicte
         "baseline_token_ids": alone, "baseline_tokens_per_second": 10.0, "baseline_seconds": 0.3,
         "speedup": speedup, "predicted_speedup": predicted, "speedup_matches_prediction": agree,
         "step_seconds": {"draft": 0.002, "target": 0.01, "verify": 0.012},
-        "greedy": True, "first_difference": first_difference(spec, alone),
+        "greedy": True, "first_difference": first_difference(spec, alone), "predicted_from": "alpha",
     }
 
 
