@@ -66,7 +66,7 @@ def read_mergeable_ranks(vocab_json: Path, merges_txt: Path) -> dict[bytes, int]
         if len(parts) != 2 or ranks.get(merged) != 256 + r:
             raise ValueError(f"{merges_txt} does not match {vocab_json}: take both from the same model folder")
     ids = list(ranks.values())  # tiktoken needs each id once, and decoding needs all of them
-    if not all(type(i) is int for i in ids) or set(ids) != set(range(END_OF_TEXT_ID)):
+    if not all(type(i) is int for i in ids) or len(ids) != END_OF_TEXT_ID or set(ids) != set(range(END_OF_TEXT_ID)):
         raise ValueError(f"{vocab_json} is not a GPT-2 vocab.json (its ids are not 0, 1, ..., "
                          f"{END_OF_TEXT_ID - 1} each once, then end-of-text): download it again")
     return ranks

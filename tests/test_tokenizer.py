@@ -131,11 +131,12 @@ def test_vocab_with_shifted_ids_raises_value_error(tmp_path, model_folder):
     "edit",
     [
         lambda v: v | {"Ġthe": 5},  # two tokens with one id: tiktoken would panic
+        lambda v: v | {"zzzzqqqq": 5},  # an extra token with a taken id: every id still there, one twice
         lambda v: {t: i for t, i in v.items() if i < 300 or i == 50256},  # ids 300.. missing: decoding would fail
         lambda v: v | {"!": -1},
         lambda v: v | {"!": 0.5},
     ],
-    ids=["duplicate", "missing", "negative", "not-an-integer"],
+    ids=["duplicate", "extra-token-duplicate", "missing", "negative", "not-an-integer"],
 )
 def test_vocab_ids_that_are_not_each_id_once_raise_value_error(tmp_path, model_folder, edit):
     vocab = json.loads((model_folder / "vocab.json").read_text(encoding="utf-8"))
