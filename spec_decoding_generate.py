@@ -586,9 +586,10 @@ def target_step_seconds(target, input_ids, steps: int = 5) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # --help and the text: a non-UTF-8 terminal shows '?', no crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     args = build_parser().parse_args(argv)
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="replace")  # a non-UTF-8 terminal shows '?' instead of crashing
     try:
         sampling = check_settings(args)
         tree = check_tree(args)

@@ -182,6 +182,15 @@ def prompt_of(n_tokens: int, folders) -> str:
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_help_on_a_terminal_that_is_not_utf8(tmp_path, encoding):
+    """--help holds "α": a latin-1 or ASCII stdout shows it as "?" rather than crash."""
+    result = subprocess.run([sys.executable, str(SCRIPT), "--help"], cwd=REPO_ROOT, capture_output=True, timeout=120,
+                            env=cli_env(tmp_path) | {"PYTHONIOENCODING": encoding})
+    assert result.returncode == 0 and result.stderr == b"", result.stderr.decode(errors="replace")[-300:]
+    assert result.stdout.startswith(b"usage: spec_decoding_generate.py") and b" ? " in result.stdout
+
+
 def test_help_documents_every_option_and_its_default(tmp_path):
     result = run_cli(tmp_path, "--help")
     assert_ok(result)
