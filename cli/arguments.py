@@ -298,9 +298,15 @@ def read_prompt(args: argparse.Namespace) -> str:
         if args.prompt == "":
             raise ValueError("the prompt is empty: pass some text with --prompt, or '-p -' to read it from stdin")
         return args.prompt
+    if sys.stdin is None:  # started with stdin closed
+        raise ValueError("'-p -' reads the prompt from stdin, but stdin is closed: pipe some text in, or pass it "
+                         "with --prompt")
     if sys.stdin.isatty():
         print("reading the prompt from stdin; end it with Ctrl-D", file=sys.stderr)
-    text = sys.stdin.read()
+    try:
+        text = sys.stdin.read()
+    except UnicodeDecodeError:
+        raise ValueError("the prompt read from stdin is not UTF-8 text") from None
     if text.endswith("\n"):  # `echo text |` adds one
         text = text[:-2] if text.endswith("\r\n") else text[:-1]
     if text == "":

@@ -694,6 +694,15 @@ def test_an_empty_prompt_from_stdin(capsys, monkeypatch, stdin):
     assert_bad_input(run_main(capsys, "-p", "-"), "the prompt read from stdin is empty")
 
 
+def test_a_closed_or_undecodable_stdin(capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", None)  # what Python gives a process started with stdin closed (<&-)
+    assert_bad_input(run_main(capsys, "-p", "-"), "'-p -' reads the prompt from stdin, but stdin is closed")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9\n"), encoding="utf-8"))
+    assert_bad_input(run_main(capsys, "-p", "-"), "the prompt read from stdin is not UTF-8 text")
+
+
 def test_a_bad_value_in_a_real_process_is_one_line_and_exit_code_2(tmp_path):
     assert_bad_input(run_cli(tmp_path, "--top-k", "-3"), "--top-k must be an integer >= 1")
 
