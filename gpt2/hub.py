@@ -208,8 +208,8 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
     download folder of the Hub repo it names (downloading if needed).
 
     A path written as one (a Path, or a str starting with /, . or ~) is never
-    taken for a repo id; a bare name such as "gpt2" is a repo id unless it is
-    a folder holding config.json.
+    taken for a repo id, nor is an owner/name that is a folder here; a bare
+    name such as "gpt2" is a repo id unless it is a folder holding config.json.
 
     Raises:
         ValueError: `source` is empty, neither a model folder nor a valid Hub
@@ -232,7 +232,8 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
     folder = expand_home(text)
     if is_model_folder(folder):
         return folder
-    if isinstance(source, Path) or text.startswith(("/", ".", "~")) or text.count("/") > 1:
+    written_as_path = isinstance(source, Path) or text.startswith(("/", ".", "~")) or text.count("/") > 1
+    if written_as_path or ("/" in text and is_folder(folder)):  # models/gpt2: a folder here, not a Hub repo
         if is_folder(folder):
             raise FileNotFoundError(
                 f"{folder} has no config.json: a model folder needs config.json and model.safetensors "

@@ -198,6 +198,17 @@ def test_gpt2_from_the_repository_root_is_a_hub_id_not_the_package_folder(no_hub
     assert "has no config.json" not in str(info.value)
 
 
+def test_an_owner_slash_name_that_is_a_folder_here_is_that_folder(no_hub, monkeypatch, tmp_path, folder):
+    (tmp_path / "models" / "gpt2-large").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="^models/gpt2-large has no config.json: a model folder needs"):
+        load_model("models/gpt2-large", weights_dir=tmp_path / "weights")
+    with pytest.raises(FileNotFoundError, match="cannot download 'models/gpt2-small'"):  # no such folder: a Hub id
+        load_model("models/gpt2-small", weights_dir=tmp_path / "weights")
+    (tmp_path / "models" / "mine").symlink_to(folder)
+    assert load_model("models/mine", accelerate=False).config.n_embd > 0
+
+
 # ---------------------------------------------------------------------------
 # Broken folders and files
 # ---------------------------------------------------------------------------
