@@ -10,7 +10,7 @@ that would make a checkpoint compute something this model does not
 from __future__ import annotations
 
 import json
-import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,9 @@ GPT2_SETTINGS: dict[str, tuple] = {
     "add_cross_attention": (False,),  # a decoder only: no encoder to attend to
     "tie_word_embeddings": (True,),  # the LM head is wte, no lm_head.weight of its own
 }
+
+
+MAX_SIZE = 2**31 - 1  # the most any size may be: far past every GPT-2, and an int32 like torch's index math
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,11 @@ class GPT2Config:
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "n_ctx", "vocab_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPT2Config.{name} must be a positive integer, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
+                raise ValueError(f"GPT2Config.{name} must be a positive integer (at most 2**31 - 1), got {value!r}")
         eps = self.layer_norm_epsilon
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
-            raise ValueError(f"GPT2Config.layer_norm_epsilon must be a positive number such as 1e-5, got {eps!r}")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps <= sys.float_info.max:
+            raise ValueError(f"GPT2Config.layer_norm_epsilon must be a positive number such as 1e-5, got {eps!r:.40}")
         object.__setattr__(self, "layer_norm_epsilon", float(eps))
         if self.n_embd % self.n_head != 0:
             raise ValueError(

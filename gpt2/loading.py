@@ -157,8 +157,13 @@ def stored_shapes(config: GPT2Config) -> tuple[dict[str, tuple[int, ...]], dict[
     Read off a GPT2 with one block on the meta device: no memory and no
     work, however large the config's sizes.
     """
-    with torch.device("meta"):
-        one_block = GPT2(replace(config, n_layer=1))
+    try:
+        with torch.device("meta"):
+            one_block = GPT2(replace(config, n_layer=1))
+    except (RuntimeError, OverflowError) as e:  # a tensor of more than 2**63 elements: torch cannot even size it
+        raise ValueError(f"config.json's sizes make tensors too large to exist ({type(e).__name__}; n_embd "
+                         f"{config.n_embd}, n_ctx {config.n_ctx}, vocab_size {config.vocab_size}): is it the "
+                         "checkpoint's own config.json?") from None
     outside, block = {}, {}
     for name, param in one_block.named_parameters():
         shape = tuple(param.shape)

@@ -347,6 +347,9 @@ def test_a_tensor_that_does_not_fit_the_config_names_it_and_both_shapes(folder, 
         ({"n_layer": 10**6}, r"lacks 11999976 tensor\(s\) the config needs, e.g. 'h.2.ln_1.weight'"),
         ({"n_layer": 20000}, r"lacks 239976 tensor\(s\) the config needs, e.g. 'h.2.ln_1.weight'"),
         ({"n_embd": 48, "n_head": 4}, r"'wte.weight' .* shape \(101, 32\) but the config needs \(101, 48\)"),
+        ({"n_positions": 10**30, "n_ctx": 10**30}, r"GPT2Config.n_ctx must be a positive integer \(at most 2\*\*31"),
+        ({"n_embd": 2**31 - 1, "n_head": 1}, "config.json's sizes make tensors too large to exist"),
+        ({"layer_norm_epsilon": 10**400}, "GPT2Config.layer_norm_epsilon must be a positive number"),
     ],
 )
 def test_huge_sizes_in_config_json_are_refused_from_the_header_before_anything_is_built(
