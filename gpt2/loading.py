@@ -156,6 +156,10 @@ def stored_shapes(config: GPT2Config) -> tuple[dict[str, tuple[int, ...]], dict[
 
     Read off a GPT2 with one block on the meta device: no memory and no
     work, however large the config's sizes.
+
+    Raises:
+        ValueError: sizes whose tensors would have more elements than torch
+            can count.
     """
     try:
         with torch.device("meta"):
