@@ -557,27 +557,25 @@ def compare_with_target_alone(
 
 def target_step_seconds(target, input_ids, steps: int = 5) -> list[float]:
     """The seconds of each of `steps` plain decoding steps of the target (one
-    new token over its KV cache, after the prompt's prefill): its step cost
-    t_t, at the load of the moment."""
+    new token over its KV cache, after the prompt's prefill, the cache rewound
+    after each): its step cost t_t, at the load of the moment."""
     import torch
 
     from spec_decoding.stats import clock
 
     device = input_ids.device
-    n_ctx = target.config.n_ctx
-    prefix = input_ids[:, : max(1, n_ctx - steps - 1)]  # (1, P): room for one untimed step and the timed ones
-    steps = min(steps, n_ctx - prefix.size(1) - 1)
+    prefix = input_ids[:, : target.config.n_ctx - 1]  # (1, P): room for the step's token
     token_ids = prefix[:, -1:]  # (1, 1): any token costs the same
     seconds = []
     with torch.inference_mode():
         cache = target.new_cache(1)
         target(prefix, cache, last_logits_only=True)  # the prefill, not timed
-        target(token_ids, cache, last_logits_only=True)  # nor the first step: a fresh cache's first writes
-        for _ in range(steps):
+        for _ in range(1 + steps):  # the first step is not counted: a fresh cache's first writes
             t0 = clock(device)
             target(token_ids, cache, last_logits_only=True)
             seconds.append(clock(device) - t0)
-    return seconds
+            cache.rewind(prefix.size(1))
+    return seconds[1:]
 
 
 # ---------------------------------------------------------------------------

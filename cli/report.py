@@ -237,7 +237,7 @@ def print_comparison(comparison: dict | None, spec_tokens: list[int], tokenizer)
     if not comparison["greedy"]:
         verdict = "sampled: both follow the target's distribution, so they need not match token for token"
     elif i is None:
-        verdict = f"identical to the target alone, token for token ({len(spec_tokens)} tokens)"
+        verdict = f"identical to the target alone, token for token ({count(len(spec_tokens), 'token')})"
     else:
 
         def show(tokens: list[int]) -> str:
@@ -252,7 +252,7 @@ def print_comparison(comparison: dict | None, spec_tokens: list[int], tokenizer)
         (
             "target alone",
             f"{comparison['baseline_tokens_per_second']:.1f} tokens/s "
-            f"({len(baseline)} tokens in {comparison['baseline_seconds']:.2f} s)",
+            f"({count(len(baseline), 'token')} in {comparison['baseline_seconds']:.2f} s)",
         ),
         (
             "step costs",
@@ -293,7 +293,7 @@ def print_row_block(index: int, total: int, line: int, prompt: str, text: str, s
     print(prompt + text)
     alpha = f"α {stats.alpha:.3f}" if stats.drafted else "α n/a: nothing was drafted"
     print(
-        f"[{stats.new_tokens} new tokens in {count(stats.target_calls, 'target call')}, {stop}; {alpha}; "
+        f"[{count(stats.new_tokens, 'new token')} in {count(stats.target_calls, 'target call')}, {stop}; {alpha}; "
         f"{stats.tokens_per_target_call:.2f} tokens/target call]"
     )
     print()

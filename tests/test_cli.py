@@ -462,6 +462,19 @@ def test_plain_steps_once_the_sequence_outgrows_the_draft_window(capsys, folders
     assert expected < expected_tokens_per_step(stats["alpha"], 4)
 
 
+def test_compare_with_a_context_window_of_two(tmp_path, capsys, single_thread):
+    """The target's step cost is timed on the prompt's cache, rewound after each step: a window of 2 leaves room
+    for one new token and no more, and --compare still predicts (it timed no step, and failed, before)."""
+    config = GPT2Config(n_layer=1, n_head=1, n_embd=8, n_ctx=2)
+    folders = {role: write_checkpoint(tmp_path / role, config, hub_layout(tiny_gpt2(config, seed=seed)),
+                                      with_tokenizer=True) for role, seed in (("target", 0), ("draft", 1))}
+    result = run_main(capsys, "--target", str(folders["target"]), "--draft", str(folders["draft"]), "-p", "Hello",
+                      "--gamma", "1", "--compare", "--json")
+    assert_ok(result)
+    comparison = json.loads(result.stdout)["comparison"]
+    assert comparison["identical"] and comparison["step_seconds"]["target"] > 0 and comparison["predicted_speedup"] > 0
+
+
 def test_with_p_min_the_prediction_takes_the_measured_tokens_per_call(capsys, folders, single_thread):
     """p_min stops a chain short of γ, so eq. 1 at γ would overstate what a step drafts."""
     args = [*local_models(folders), "--json", "--compare", "--gamma", "8", "--draft-p-min", "1.0"]
