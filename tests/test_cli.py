@@ -496,7 +496,7 @@ def test_the_stop_reason_names_the_targets_window(capsys, folders, single_thread
     n_new = 128 - prompt_tokens
     stop = rf"new tokens\s+{n_new} in \d+ target calls?, stopped at the target's context window \(128 tokens\)"
     assert re.search(stop, result.stdout), result.stdout
-    assert f"identical to the target alone, token for token ({n_new} tokens)" in result.stdout
+    assert f"identical to the target alone, token for token ({n_new} token{'s' * (n_new != 1)})" in result.stdout
 
 
 def test_prompt_longer_than_the_targets_context_window(capsys, folders, single_thread):
