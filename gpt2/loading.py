@@ -137,14 +137,19 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 def checkpoint_to_model_keys(state: dict[str, object]) -> dict[str, object]:
     """Maps both checkpoint key layouts onto our parameter names, dropping the
-    mask buffers and the tied `lm_head.weight`. The values (tensors, or
-    shapes) are kept as they are."""
-    out = {}
+    mask buffers and the tied `lm_head.weight`, which stands in for
+    `wte.weight` where a file holds only the head (safetensors' `save_model`
+    keeps one name of tied tensors). The values (tensors, or shapes) are kept
+    as they are."""
+    out, head = {}, None
     for key, value in state.items():
         name = key.removeprefix("transformer.")
-        if name == "lm_head.weight" or name.endswith(IGNORED_SUFFIXES):
-            continue
-        out[name] = value
+        if name == "lm_head.weight":
+            head = value
+        elif not name.endswith(IGNORED_SUFFIXES):
+            out[name] = value
+    if "wte.weight" not in out and head is not None:
+        out["wte.weight"] = head  # tied: the same matrix
     return out
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import REPO_ROOT, TINY, hub_state_dict, make_hf_model, write_checkpoint
+from helpers import REPO_ROOT, TINY, hf_model_from_hub_state, hub_state_dict, make_hf_model, write_checkpoint
 from gpt2 import GPT2, GPT2Config, load_model
 from gpt2 import loading
 
@@ -63,6 +63,21 @@ def test_both_key_layouts_load(tmp_path, state, layout):
     assert model.config == TINY
     assert not model.training and model.dtype == torch.float32 and model.device.type == "cpu"
     assert_holds(model, state)
+
+
+def test_a_tied_checkpoint_that_keeps_only_the_head_loads(tmp_path, state):
+    """safetensors' `save_model(GPT2LMHeadModel)` keeps one name of the tied embedding and head, lm_head.weight
+    (transformers loads such a file): it is then the token embedding, as the two are one matrix."""
+    from safetensors.torch import save_model
+
+    hf = hf_model_from_hub_state(TINY, state)
+    folder = tmp_path / "save_model"
+    folder.mkdir()
+    save_model(hf, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
+    keys = set(load_file(str(folder / "model.safetensors")))
+    assert "lm_head.weight" in keys and "transformer.wte.weight" not in keys
+    assert_holds(load_model(folder), state)
 
 
 def test_a_folder_given_as_str_or_path_loads(folder, state):
