@@ -204,9 +204,10 @@ def check_pass(config: GPT2Config, input_ids: torch.Tensor, cache: KVCache | Non
         raise ValueError("input_ids holds no tokens: a forward pass needs at least one")
     if cache is not None and cache.batch_size != B:
         raise ValueError(f"the cache holds {cache.batch_size} rows but input_ids has {B}: use model.new_cache({B})")
-    if mask is not None and not (mask.dim() == 2 and mask.size(0) == T and mask.size(1) >= T
-                                 and mask.dtype == torch.bool):
-        raise ValueError(f"mask must be a ({T}, W >= {T}) bool tensor, got {tuple(mask.shape)} {mask.dtype}")
+    if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.size(0) == T
+                                 and mask.size(1) >= T and mask.dtype == torch.bool):
+        got = f"{tuple(mask.shape)} {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"mask must be a ({T}, W >= {T}) bool tensor, got {got}")
     lengths = torch.zeros(B, dtype=torch.int64) if cache is None else cache.lengths  # (B,)
     if mask is not None and mask.size(1) - T > int(lengths.min()):
         raise ValueError(f"the mask's window reaches {mask.size(1) - T} cached positions back, but a row of the "

@@ -225,6 +225,7 @@ def test_a_forward_pass_it_cannot_run_raises_value_error(request, tiny, accelera
         "the cache holds 2 rows but input_ids has 1: use model.new_cache\\(1\\)": (ids[:1], cache, None),
         "mask must be a \\(3, W >= 3\\) bool tensor, got \\(3, 2\\)": (ids, cache, torch.ones(3, 2, dtype=torch.bool)),
         "bool tensor, got \\(3, 3\\) torch.float32": (ids, cache, torch.ones(3, 3)),
+        "bool tensor, got list": (ids, cache, [[True] * 3] * 3),
         "the mask's window reaches 4 cached positions back, but a row of the cache holds 3":
             (ids, cache, torch.ones(3, 7, dtype=torch.bool)),
     }
