@@ -3,8 +3,8 @@
 A source is either a local folder holding `config.json` + `model.safetensors`,
 or a Hub repo id (`gpt2`, `openai-community/gpt2-large`, `distilgpt2`, ...).
 A repo id is downloaded once with `huggingface_hub` into
-`weights/<owner>--<name>/` (just the four files of MODEL_FILES and
-TOKENIZER_FILES) and read from there on every later run, with no network.
+`weights/<owner>--<name>/` (the files of MODEL_FILES, and of TOKENIZER_FILES
+where the repo has them) and read from there on every later run, with no network.
 `loading.py` then reads the folder into a model.
 """
 

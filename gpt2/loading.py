@@ -7,7 +7,7 @@ Two key layouts exist in the wild and both load: the Hub files (`wte.weight`,
 `h.0.attn.c_attn.weight`, ..., sometimes with the causal-mask buffers
 `h.N.attn.bias` / `h.N.attn.masked_bias`, ignored), and `save_pretrained`
 output (the same names under a `transformer.` prefix, plus an `lm_head.weight`
-tied to `wte`, ignored). GPT-2's four projections per block (c_attn, c_proj,
+tied to `wte`: ignored, or taken as `wte` where a file holds only the head). GPT-2's four projections per block (c_attn, c_proj,
 c_fc, mlp.c_proj) are Conv1D layers stored (in, out); nn.Linear keeps
 (out, in), so each is transposed once here. Every name and shape is checked
 against config.json from the safetensors header alone, before the model is

@@ -1,4 +1,4 @@
-"""Opt-in speed for decoding on a CPU: the model's forward pass in C.
+"""Optional speed for decoding on a CPU (on by default in `load_model`): the model's forward pass in C.
 
 A decode step reads every weight once, so on a CPU it should cost what
 reading the weights costs, and verifying a few drafted tokens in one pass
