@@ -423,7 +423,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="simulated α of the float32 draft (none: skip it)")
     ap.add_argument("--int8-alphas", type=float, nargs="*", default=[0.8],
                     help="simulated α of the int8 draft (default 0.8; none: skip it)")
-    ap.add_argument("--gammas", type=int, nargs="+", default=list(range(1, 9)), help="fixed γ tried (default 1 .. 8)")
+    ap.add_argument("--gammas", type=int, nargs="+", default=list(range(1, 9)),
+                    help=f"fixed γ tried, 1 to {DEFAULT_MAX_GAMMA} (default 1 .. 8)")
     ap.add_argument("--ngram", type=int, default=3, help="the n-gram drafter's longest suffix (default 3)")
     ap.add_argument("--max-gen", type=int, default=64, help="tokens per run (default 64)")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
@@ -442,8 +443,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("max_gen", "repeats", "model_seeds", "ngram", "noisy_prompts", "noisy_seeds"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-    if min(args.gammas) < 1:
-        raise ValueError("--gammas must be >= 1")
+    for name in ("gammas", "alphas", "int8_alphas", "p_mins"):  # a value given twice is run once
+        setattr(args, name, list(dict.fromkeys(getattr(args, name))))
+    for gamma in args.gammas:  # the step costs are calibrated up to auto's largest γ
+        check_range("--gammas", gamma, 1, DEFAULT_MAX_GAMMA, " (the largest γ gamma='auto' drafts)")
+    check_range("--noisy-prompts", args.noisy_prompts, 1, len(PROMPTS), " (the benchmark prompts)")
     if not all(0.0 <= a <= 1.0 for a in [*args.alphas, *args.int8_alphas, *args.p_mins]):  # NaN too
         raise ValueError("--alphas, --int8-alphas and --p-mins must lie in [0, 1]")
     if "simulated" in args.parts and not args.alphas + args.int8_alphas:

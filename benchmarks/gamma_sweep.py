@@ -61,6 +61,10 @@ class SweepSettings:
         for name, values in (("gammas", self.gammas), ("max_gens", self.max_gens)):
             if not values or any(not isinstance(v, int) or v < 1 for v in values):
                 raise ValueError(f"{name} must be positive integers, got {values!r}")
+        for name, values in (("gammas", self.gammas), ("max_gens", self.max_gens), ("simulate", self.simulate),
+                             ("trees", self.trees)):
+            if len(set(values)) < len(values):  # the cells are keyed by these values
+                raise ValueError(f"{name} must be distinct, got {values!r}")
         if any(not 0.0 <= a <= 1.0 for a in self.simulate):
             raise ValueError(f"simulated acceptance rates must lie in [0, 1], got {self.simulate!r}")
         if self.simulate and not self.sampling.greedy:
@@ -422,6 +426,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", help="results folder (default benchmarks/results/gamma_sweep-<UTC time>)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
+    for name in ("gamma", "max_gen", "simulate_acceptance", "tree"):  # a value given twice is run once
+        setattr(args, name, None if getattr(args, name) is None else list(dict.fromkeys(getattr(args, name))))
 
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:

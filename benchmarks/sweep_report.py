@@ -311,7 +311,8 @@ def write_all(result: SweepResult, folder: Path, env: dict, command: str) -> lis
                        "hf_base_seconds": result.groups[c.max_gen].hf_base_seconds} if s.peer else {})}
                   for c in result.cells],
         "components_seconds": {str(n): {"context_len": g.context_len, "t_draft": g.t_draft, "t_target": g.t_target,
-                                        "t_verify": {str(k): v for k, v in g.t_verify.items()},
+                                        "t_verify": {f"tree {k}" if isinstance(k, str) else str(k): v
+                                                     for k, v in g.t_verify.items()},
                                         "prompt_len": g.prompt_len, "t_start_target": g.t_start_target,
                                         "t_start_draft": g.t_start_draft}
                                for n, g in result.groups.items()},

@@ -105,7 +105,8 @@ def test_auto_is_near_the_best_fixed_gamma_in_expectation(monkeypatch):
                                  ["--p-mins", "-0.1"], ["--noise", "nan"], ["--noise", "inf"], ["--noise", "-1"],
                                  ["--threads", str(os.cpu_count() + 1)], ["--out", ""], ["--int8-alphas", "-1"],
                                  ["--parts", "simulated", "--alphas", "--int8-alphas"], ["--noise", "1e308"],
-                                 ["--noise", "10.5"], ["--max-gen", "1000"], ["--max-gen", "1000000000"]])
+                                 ["--noise", "10.5"], ["--max-gen", "1000"], ["--max-gen", "1000000000"],
+                                 ["--gammas", "2", "13"], ["--noisy-prompts", "7"]])
 def test_bad_settings_are_one_line_and_exit_2(bad, capsys, tmp_path):
     short = ["--parts", "noisy", "--repeats", "1", "--max-gen", "4", "--noisy-prompts", "1", "--noisy-seeds", "1"]
     assert run_cli(main, ["--tiny", *short, "--out", str(tmp_path / "out"), *bad]) == 2
@@ -124,9 +125,9 @@ def test_the_longest_max_gen_the_window_allows_is_emitted_whole(tmp_path, prompt
 
 
 def test_methods_whose_caches_would_not_fit_in_memory_together_are_refused(capsys, tmp_path, monkeypatch):
-    # Tiny pair: 1.5 MiB of full-window caches a method; plain, 30 fixed γ, auto and +2/-1 on a 64 MiB machine.
-    monkeypatch.setattr(common, "machine_memory", lambda: 64 * 2**20)
-    args = ["--tiny", "--parts", "simulated", "--gammas", *map(str, range(1, 31)), "--out", str(tmp_path / "out")]
+    # Tiny pair: 1.5 MiB of full-window caches a method; plain, 12 fixed γ, auto and +2/-1 on a 32 MiB machine.
+    monkeypatch.setattr(common, "machine_memory", lambda: 32 * 2**20)
+    args = ["--tiny", "--parts", "simulated", "--gammas", *map(str, range(1, 13)), "--out", str(tmp_path / "out")]
     assert run_cli(main, args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: the runs timed together in lockstep would hold ") and err.endswith("fewer --gammas")

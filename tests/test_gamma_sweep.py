@@ -20,7 +20,7 @@ import torch
 
 from benchmarks import common, gamma_sweep, sweep_report
 from benchmarks.common import run_cli
-from benchmarks.gamma_sweep import ComponentTimer, main
+from benchmarks.gamma_sweep import ComponentTimer, SweepSettings, main
 from benchmarks.lockstep import lockstep
 from benchmarks.sweep_report import COLUMNS, PEER_COLUMNS, pooled, predicted_speedup_with_start
 from gpt2 import GPT2, GPT2Config, generate, init_random_weights
@@ -242,11 +242,13 @@ def test_runs_that_part_from_the_baseline_are_explained(tmp_path, prompt_tokeniz
 
 
 def test_token_trees_are_swept_beside_the_gammas(tmp_path, prompt_tokenizer):
-    args = TINY_SWEEP + ["--simulate-acceptance", "0.6", "--tree", "2,1", "nodes 3 depth 2", "--out", str(tmp_path)]
+    args = TINY_SWEEP + ["--simulate-acceptance", "0.6", "--tree", "2,1", "nodes 3 depth 2", "3", "--out",
+                         str(tmp_path)]
     assert main(args) == 0
     _, rows = read_csv(tmp_path / "sweep.csv")
     assert [(int(r["max_gen"]), r["gamma"], r["tree"]) for r in rows] == [
-        (n, g, t) for n in (6, 10) for g, t in (("1", ""), ("3", ""), ("2", "2,1"), ("2", "nodes 3 depth 2"))]
+        (n, g, t) for n in (6, 10)
+        for g, t in (("1", ""), ("3", ""), ("2", "2,1"), ("2", "nodes 3 depth 2"), ("1", "3"))]
     for r in rows:
         assert r["identical_runs"] == r["compared_runs"] == "4"  # greedy trees reproduce the baseline
         if r["tree"]:  # E is the measured tokens per call; one draft pass per depth; t_v over the tree's nodes
@@ -257,8 +259,10 @@ def test_token_trees_are_swept_beside_the_gammas(tmp_path, prompt_tokenizer):
     md = (tmp_path / "sweep.md").read_text()
     assert "| 6 | tree 2,1 | 0.6 |" in md and "Tree rows (spec_decoding/tree_loop.py)" in md
     report = json.loads((tmp_path / "sweep.json").read_text())
-    assert report["settings"]["trees"] == ["2,1", "nodes 3 depth 2"]
-    assert set(report["components_seconds"]["6"]["t_verify"]) == {"1", "3", "2,1", "nodes 3 depth 2"}
+    assert report["settings"]["trees"] == ["2,1", "nodes 3 depth 2", "3"]
+    t_verify = report["components_seconds"]["6"]["t_verify"]  # the tree "3" and gamma 3 keep their own samples
+    assert set(t_verify) == {"1", "3", "tree 2,1", "tree nodes 3 depth 2", "tree 3"}
+    assert len(t_verify["3"]) == len(t_verify["tree 3"]) > 0
 
 
 def test_pooled_tree_stats_add_up_per_depth_and_rank():
@@ -346,7 +350,7 @@ def test_runs_whose_caches_would_not_fit_in_memory_together_are_refused(capsys, 
     # Tiny pair: 1.5 MiB of full-window caches a run. On a 4 GiB machine, the baseline and 100 gammas x 14 simulated
     # alphas (1,401 runs, 2.05 GiB) are refused before any run.
     monkeypatch.setattr(common, "machine_memory", lambda: 4 * 2**30)
-    many = ["--gamma", *map(str, range(1, 101)), "--simulate-acceptance", *["0.5"] * 14]
+    many = ["--gamma", *map(str, range(1, 101)), "--simulate-acceptance", *(f"{a / 20:g}" for a in range(1, 15))]
     assert run_cli(main, ONE_RUN + many + ["--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("error: the runs timed together in lockstep would hold 2.1 GiB of KV caches at once, more than "
@@ -357,6 +361,19 @@ def test_runs_whose_caches_would_not_fit_in_memory_together_are_refused(capsys, 
     monkeypatch.setattr(common, "machine_memory", lambda: 64 * 2**20)
     assert run_cli(main, ONE_RUN + ["--gamma", *map(str, range(1, 21)), "--out", str(tmp_path / "ok")]) == 0
     assert run_cli(main, ONE_RUN + ["--gamma", *map(str, range(1, 22)), "--out", str(tmp_path / "no")]) == 2
+
+
+def test_a_value_given_twice_is_swept_once(tmp_path, prompt_tokenizer):
+    """The cells are keyed by γ and max_gen: a repeated value counted its tokens and runs twice over."""
+    args = ONE_RUN + ["--gamma", "1", "1", "--max-gen", "4", "4", "--simulate-acceptance", "0.5", "0.5", "--tree", "2",
+                      "2", "--out", str(tmp_path)]
+    assert main(args) == 0
+    _, rows = read_csv(tmp_path / "sweep.csv")
+    assert [(r["gamma"], r["tree"], r["tokens"], r["identical_runs"], r["compared_runs"]) for r in rows] == [
+        ("1", "", "4", "1", "1"), ("1", "2", "4", "1", "1")]
+    for field, values in (("gammas", (2, 2)), ("max_gens", (8, 8)), ("simulate", (0.5, 0.5)), ("trees", ("2", "2"))):
+        with pytest.raises(ValueError, match=f"{field} must be distinct"):
+            SweepSettings(**{field: values})
 
 
 def test_a_results_folder_inside_a_file_is_one_line_and_exit_2(capsys, tmp_path, prompt_tokenizer):
