@@ -475,6 +475,20 @@ def test_compare_with_a_context_window_of_two(tmp_path, capsys, single_thread):
     assert comparison["identical"] and comparison["step_seconds"]["target"] > 0 and comparison["predicted_speedup"] > 0
 
 
+def test_compare_times_the_target_step_on_the_prompt_and_on_the_whole_text(capsys, folders, monkeypatch):
+    """Attention grows with the text: t_t is the mean of the step's cost before the run (on the prompt's cache)
+    and after it (on the whole text's)."""
+    timed = []
+
+    def fake_steps(target, input_ids, steps=5):
+        timed.append(input_ids.size(1))
+        return [0.001 * len(timed)] * steps  # 1 ms before the run, 2 ms after
+
+    monkeypatch.setattr(cli, "target_step_seconds", fake_steps)
+    out = json.loads(run_main(capsys, *local_models(folders), "--json", "--compare", "-p", "Hello world").stdout)
+    assert timed == [2, 2 + 20] and out["comparison"]["step_seconds"]["target"] == pytest.approx(0.0015)
+
+
 def test_with_p_min_the_prediction_takes_the_measured_tokens_per_call(capsys, folders, single_thread):
     """p_min stops a chain short of γ, so eq. 1 at γ would overstate what a step drafts."""
     args = [*local_models(folders), "--json", "--compare", "--gamma", "8", "--draft-p-min", "1.0"]
