@@ -161,9 +161,9 @@ class GPT2(nn.Module):
 
         Raises:
             ValueError: input_ids not (B, T >= 1), a cache of another batch
-                size, a mask of another shape or reaching back past the
-                cache, or positions that would run past the context window
-                n_ctx (or past the cache's capacity).
+                size or another model's, a mask of another shape or reaching
+                back past the cache, or positions that would run past the
+                context window n_ctx (or past the cache's capacity).
         """
         check_pass(self.config, input_ids, cache, mask)
         B, T = input_ids.size()
@@ -204,6 +204,10 @@ def check_pass(config: GPT2Config, input_ids: torch.Tensor, cache: KVCache | Non
         raise ValueError("input_ids holds no tokens: a forward pass needs at least one")
     if cache is not None and cache.batch_size != B:
         raise ValueError(f"the cache holds {cache.batch_size} rows but input_ids has {B}: use model.new_cache({B})")
+    L, _, nh, _, hs = cache.k.shape if cache is not None else (config.n_layer, B, config.n_head, 0, config.head_size)
+    if (L, nh, hs) != (config.n_layer, config.n_head, config.head_size):
+        raise ValueError(f"the cache is another model's ({L} layers, {nh} heads of {hs}; this model has "
+                         f"{config.n_layer}, {config.n_head} of {config.head_size}): use this model's new_cache()")
     if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.size(0) == T
                                  and mask.size(1) >= T and mask.dtype == torch.bool):
         got = f"{tuple(mask.shape)} {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__

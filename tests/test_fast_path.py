@@ -18,6 +18,8 @@ import time
 
 import pytest
 import torch
+import torch.nn.utils.parametrize
+import torch.nn.utils.prune
 
 from gpt2 import GPT2, PRESETS, GPT2Config, fast, generate, init_random_weights
 from gpt2.fast import build
@@ -235,6 +237,9 @@ EDITS = {
         m.h[2].mlp, "c_proj", torch.nn.Linear(4 * CONFIG.n_embd, CONFIG.n_embd)
     ),
     "the tied head written in place": lambda m: m.wte.weight.add_(0.1),
+    # The first new storage is freed by the second, which may take the packed weight's address back at the same
+    # version: the packed copy holds its source's storage, so that address stays taken.
+    "given new storage twice": lambda m: [setattr(w, "data", torch.randn_like(w)) for w in [m.h[0].mlp.c_fc.weight] * 2],
     "a layer norm written in place": lambda m: m.h[0].ln_2.weight.mul_(-1),
 }
 
@@ -269,6 +274,30 @@ def test_a_model_made_under_inference_mode_is_watched_too(fast_kernels):
     assert max_diff(quick_after, slow_after) <= ATOL
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_weights_made_under_inference_mode_after_accelerating_go_to_the_readable_code(fast_kernels, int8):
+    """Weights loaded under inference mode (no version counter) after `accelerate` cannot be watched: those
+    passes take the readable path, and accelerating such a model (int8 too) makes them ordinary first."""
+    prompt, new = ids(1, 9, 1), ids(1, 3, 2)
+    model = fast.accelerate(new_model(), int8=int8)
+    with torch.inference_mode():
+        model.load_state_dict(new_model(seed=5).state_dict(), assign=True)
+    slow, quick = readable_and_fast(model, prompt, new)
+    assert torch.equal(quick, slow)
+    with torch.inference_mode():
+        made_inside = new_model(seed=5)
+    fast.accelerate(made_inside, int8=int8)
+    slow_int8, quick_int8 = readable_and_fast(made_inside, prompt, new)
+    assert max_diff(quick_int8, slow_int8) <= ATOL and (int8 or torch.equal(slow_int8, slow))
+
+
+def test_under_autocast_the_readable_code_runs(fast_kernels):
+    model = fast.accelerate(new_model())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        slow, quick = readable_and_fast(model, ids(1, 9, 1), ids(1, 3, 2))
+    assert quick.dtype == slow.dtype == torch.bfloat16 and torch.equal(quick, slow)
+
+
 def test_an_edit_through_data_is_seen_once_accelerate_runs_again(fast_kernels):
     """`.data` has a version counter of its own, so the kernels' copy cannot
     notice this edit (accelerate's docstring says so); accelerate again packs anew."""
@@ -285,6 +314,54 @@ def test_an_edit_through_data_is_seen_once_accelerate_runs_again(fast_kernels):
 # ---------------------------------------------------------------------------
 # What it cannot take goes to the readable path; status says why
 # ---------------------------------------------------------------------------
+
+
+class Doubled(torch.nn.Module):
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return 2 * w
+
+
+class Adapter(torch.nn.Linear):
+    """A LoRA-style layer: a Linear subclass with a forward of its own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 1.5 * super().forward(x)
+
+
+def with_adapter(m: GPT2) -> None:
+    old = m.h[0].attn.c_proj
+    m.h[0].attn.c_proj = Adapter(old.in_features, old.out_features)
+    m.h[0].attn.c_proj.load_state_dict(old.state_dict())
+
+
+CHANGED_MODULES = {
+    "a forward hook on a block": lambda m: m.h[1].register_forward_hook(lambda mod, args, out: out * 0.5),
+    "a pre-hook on an MLP": lambda m: m.h[0].mlp.register_forward_pre_hook(lambda mod, args: (args[0] + 1.0,)),
+    "a hook on the final layer norm": lambda m: m.ln_f.register_forward_hook(lambda mod, args, out: -out),
+    "a global forward hook": lambda m: torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: out * 0.5 if isinstance(mod, torch.nn.LayerNorm) else None),
+    "pruning": lambda m: torch.nn.utils.prune.l1_unstructured(m.h[0].mlp.c_fc, "weight", amount=0.5),
+    "a parametrization": lambda m: torch.nn.utils.parametrize.register_parametrization(
+        m.h[0].attn.c_proj, "weight", Doubled()),
+    "a Linear subclass": with_adapter,
+}
+
+
+@pytest.mark.parametrize("change", CHANGED_MODULES)
+def test_hooks_and_changed_modules_are_run_by_the_readable_code(fast_kernels, change):
+    """The kernels stand in for the stock modules only: what a hook, a parametrization or a subclass adds would
+    be skipped, so such a pass goes to the readable path."""
+    model = fast.accelerate(new_model())
+    prompt, new = ids(1, 9, 1), ids(1, 3, 2)
+    slow, _ = readable_and_fast(model, prompt, new)
+    handle = CHANGED_MODULES[change](model)
+    try:
+        slow_after, quick_after = readable_and_fast(model, prompt, new)
+    finally:
+        if hasattr(handle, "remove"):
+            handle.remove()  # a global hook would reach every later test
+    assert max_diff(slow_after, slow) > 1e-2, "the change must change the model"
+    assert torch.equal(quick_after, slow_after)
 
 
 def test_passes_it_cannot_take_run_the_readable_code(fast_kernels):

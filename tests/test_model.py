@@ -226,6 +226,9 @@ def test_a_forward_pass_it_cannot_run_raises_value_error(request, tiny, accelera
         "mask must be a \\(3, W >= 3\\) bool tensor, got \\(3, 2\\)": (ids, cache, torch.ones(3, 2, dtype=torch.bool)),
         "bool tensor, got \\(3, 3\\) torch.float32": (ids, cache, torch.ones(3, 3)),
         "bool tensor, got list": (ids, cache, [[True] * 3] * 3),
+        # A draft's cache given to the target: the kernels would write past its buffers.
+        "the cache is another model's \\(2 layers, 2 heads of 16; this model has 2, 4 of 8\\)": (
+            ids, KVCache(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=101), 2), None),
         "the mask's window reaches 4 cached positions back, but a row of the cache holds 3":
             (ids, cache, torch.ones(3, 7, dtype=torch.bool)),
     }

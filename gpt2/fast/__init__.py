@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import build
-from .accelerator import FastGPT2
+from .accelerator import FastGPT2, own_ordinary_tensors
 from .quantize import quantize_model_int8
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ def accelerate(model: GPT2, *, int8: bool = False, adapt_threads: bool = True) -
     for name, value in (("int8", int8), ("adapt_threads", adapt_threads)):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be True or False, got {value!r}")
+    own_ordinary_tensors(model)  # first: quantising writes the weights in place
     levels = quantize_model_int8(model) if int8 else None
     reason = unavailable(model)
     kernels = build.load() if reason is None else None  # compiles on first use

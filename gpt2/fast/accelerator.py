@@ -19,18 +19,16 @@ from __future__ import annotations
 import ctypes
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
+from torch.nn.modules import module as nn_module
 
 from gpt2.kv_cache import KVCache
+from gpt2.model import MLP, GPT2, Block, CausalSelfAttention
 
 from .build import Kernels
 from .threads import ThreadChooser
-
-if TYPE_CHECKING:
-    from gpt2.model import GPT2
 
 # Tokens per row in one kernel call: a verification pass, a token tree, a
 # prefill chunk. (Per-thread scores take T * (P + T) floats.)
@@ -40,6 +38,7 @@ BLOCK_PARAMETERS = (  # per block, in BlockPointers order
     "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
 )
 MATRIX_SLOTS = (2, 4, 8, 10)  # the weight matrices among a block's BLOCK_PARAMETERS
+BLOCK_KINDS = (nn.LayerNorm, nn.Linear, nn.Linear, nn.LayerNorm, nn.Linear, nn.Linear)  # ln_1, c_attn, ... mlp.c_proj
 
 
 class BlockPointers(ctypes.Structure):
@@ -90,6 +89,9 @@ class PackedWeight:
     data: torch.Tensor  # (ceil(out / 4), in / 8, 4, 8), float32 or int8
     scale: torch.Tensor | None  # (out,) float32 with int8 data, else None
     source: tuple[int, int]  # `stamp` of W when this copy was made
+    # W's storage, held: were it freed (`p.data = new`), a new tensor could take its address and version, and
+    # this copy would look current
+    held: torch.Tensor
 
     @property
     def pointers(self) -> tuple[int, int | None]:
@@ -133,9 +135,9 @@ class FastGPT2:
                     continue  # the table check sends every pass to the readable path
                 if int8_levels and name in int8_levels:
                     q, scale = int8_levels[name]
-                    self.packed[name] = PackedWeight(pack_rows(q), scale.contiguous(), stamp(w))
+                    self.packed[name] = PackedWeight(pack_rows(q), scale.contiguous(), stamp(w), w.detach())
                 else:
-                    self.packed[name] = PackedWeight(pack_rows(w), None, stamp(w))
+                    self.packed[name] = PackedWeight(pack_rows(w), None, stamp(w), w.detach())
         self.table: ctypes.Array | None = None
         self.table_key: list | None = None  # the parameters' stamps when the table was built
         self.table_tensors: list[torch.Tensor] = []  # keeps the storage the table points into alive
@@ -185,9 +187,10 @@ class FastGPT2:
         return forward() if self.threads is None else self.threads.run(B * T, forward)
 
     def takes(self, model: GPT2, x: torch.Tensor, cache: KVCache | None, mask: torch.Tensor | None) -> bool:
-        """CPU float32 input and cache, no gradient to record, widths the
-        kernels take, and a mask only over at most MAX_NEW_TOKENS tokens."""
-        if not (x.is_cpu and x.dtype == torch.float32):
+        """CPU float32 input and cache, no autocast, no gradient to record,
+        widths the kernels take, and a mask only over at most MAX_NEW_TOKENS
+        tokens."""
+        if not (x.is_cpu and x.dtype == torch.float32) or autocast_on():
             return False
         if cache is not None and not (
             cache_readable(cache.k) and cache_readable(cache.v) and cache.k.stride() == cache.v.stride()
@@ -233,16 +236,31 @@ class FastGPT2:
 
     # -- keeping the copies and the table current ------------------------------
 
-    def parameters_now(self, model: GPT2) -> list[torch.Tensor]:
+    def parameters_now(self, model: GPT2) -> list[torch.Tensor] | None:
         """Every block parameter in BlockPointers order, then ln_f and wte,
         looked up through the modules' own dicts (attribute access on an
-        nn.Module costs 20x a dict lookup, and this runs at every pass)."""
+        nn.Module costs 20x a dict lookup, and this runs at every pass).
+        None unless every module the kernels stand in for is the stock one, as
+        the readable path would run it: no forward hook (its own or a global
+        one), not replaced or subclassed (an adapter, a parametrization)."""
+        if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+            return None
+        if len(model.h) != len(self.names) // 12:  # blocks added or cut since
+            return None
         tensors = []
         for block in model.h:
-            parts, attn, mlp = block._modules, block._modules["attn"]._modules, block._modules["mlp"]._modules
-            for module in (parts["ln_1"], attn["c_attn"], attn["c_proj"], parts["ln_2"], mlp["c_fc"], mlp["c_proj"]):
+            parts = block._modules
+            attn, mlp = parts["attn"], parts["mlp"]
+            modules = (parts["ln_1"], attn._modules["c_attn"], attn._modules["c_proj"], parts["ln_2"],
+                       mlp._modules["c_fc"], mlp._modules["c_proj"])
+            if not all(map(stock, (block, attn, mlp, *modules), (Block, CausalSelfAttention, MLP, *BLOCK_KINDS))):
+                return None
+            for module in modules:
                 tensors += (module._parameters["weight"], module._parameters["bias"])
-        ln_f = model._modules["ln_f"]._parameters
+        ln_f = model._modules["ln_f"]
+        if not stock(ln_f, nn.LayerNorm):
+            return None
+        ln_f = ln_f._parameters
         return [*tensors, ln_f["weight"], ln_f["bias"], model._modules["wte"]._parameters["weight"]]
 
     def block_table(self, model: GPT2) -> ctypes.Array | None:
@@ -250,7 +268,12 @@ class FastGPT2:
         changed weights packed again, whenever a parameter changed); None if
         one is not CPU float32 and contiguous."""
         tensors = self.parameters_now(model)
-        key = [t.data_ptr() for t in tensors] + [t._version for t in tensors]
+        if tensors is None:
+            return None
+        try:
+            key = [t.data_ptr() for t in tensors] + [t._version for t in tensors]
+        except RuntimeError:  # a tensor made under inference mode has no version counter to watch
+            return None
         if key == self.table_key:
             return self.table
         if not all(t is not None and kernel_readable(t) for t in tensors):
@@ -264,7 +287,7 @@ class FastGPT2:
                 if kept is None or kept.source != stamp(w):
                     if w.size(1) % 8:
                         return None
-                    self.packed[name] = PackedWeight(pack_rows(w), None, stamp(w))
+                    self.packed[name] = PackedWeight(pack_rows(w), None, stamp(w), w.detach())
         table = (BlockPointers * model.config.n_layer)()
         for i, entry in enumerate(table):
             t = tensors[12 * i : 12 * i + 12]
@@ -281,6 +304,19 @@ class FastGPT2:
             entry.mlp_proj_bias = t[11].data_ptr()
         self.table, self.table_key, self.table_tensors = table, key, tensors
         return table
+
+
+def stock(module: nn.Module, kind: type) -> bool:
+    """`module` is a `kind` itself (no subclass) with no forward hook of its own."""
+    return type(module) is kind and not (module._forward_hooks or module._forward_pre_hooks)
+
+
+def autocast_on() -> bool:
+    """Whether CPU autocast is on: the readable path then computes in its dtype."""
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch before 2.4
+        return torch.is_autocast_cpu_enabled()
 
 
 def own_ordinary_tensors(model: nn.Module) -> None:
