@@ -380,6 +380,7 @@ def test_passes_it_cannot_take_run_the_readable_code(fast_kernels):
     logits.sum().backward()
     assert model.h[0].attn.c_attn.weight.grad is not None
     odd = fast.accelerate(new_model(config=GPT2Config(n_layer=1, n_head=3, n_embd=36, vocab_size=50, n_ctx=16)))
+    assert odd.accelerator is None and "multiples of 8, this model has 36 and 12" in fast.status(odd)
     (fast_out,), _ = run(odd, ids(1, 5, 1, 50))  # width 36: not a multiple of 8
     (slow_out,), _ = run(odd, ids(1, 5, 1, 50), readable=True)
     assert torch.equal(fast_out, slow_out)
@@ -439,6 +440,44 @@ def test_status_names_the_path(fast_kernels):
     assert fast.status(cast).startswith("readable path") and "this one is cpu float16" in fast.status(cast)
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_deep_copy_is_accelerated_on_its_own_weights_and_a_pickle_drops_the_accelerator(fast_kernels, int8):
+    import copy
+    import pickle
+
+    model = fast.accelerate(new_model(), int8=int8)
+    prompt, new = ids(1, 9, 1), ids(1, 3, 2)
+    _, before = readable_and_fast(model, prompt, new)
+    twin = copy.deepcopy(model)
+    assert twin.accelerator is not None and twin.accelerator.model() is twin
+    with torch.no_grad():
+        twin.h[0].mlp.c_fc.weight.add_(0.05)  # the copy's own weights, not the original's (off the int8 grid)
+    slow, quick = readable_and_fast(twin, prompt, new)
+    assert max_diff(slow, before) > 1e-2 and max_diff(quick, slow) <= ATOL
+    assert torch.equal(readable_and_fast(model, prompt, new)[1], before)
+    weights = "int8 and float32" if int8 else "float32"  # the edited matrix is no int8 rounding any more
+    assert f"fast path: C kernels ({model.accelerator.kernels.path.name}), {weights} weights" in fast.status(twin)
+    unpickled = pickle.loads(pickle.dumps(model))
+    assert unpickled.accelerator is None and torch.equal(readable_and_fast(unpickled, prompt, new)[0],
+                                                         readable_and_fast(model, prompt, new)[0])
+
+
+def test_status_says_which_weights_the_kernels_read_now(fast_kernels):
+    model = fast.accelerate(new_model(), int8=True)
+    quantised = {name: p.clone() for name, p in model.state_dict().items()}
+    model.load_state_dict(new_model(seed=3).state_dict())  # float weights: packed as float32 at the next pass
+    run(model, ids(1, 3, 1))
+    assert "float32 weights" in fast.status(model)
+    model.load_state_dict(quantised)  # int8 roundings again: packed as int8
+    run(model, ids(1, 3, 1))
+    assert "int8 weights" in fast.status(model)
+
+
+def test_status_of_a_kernel_cache_the_file_system_refuses(fast_kernels, monkeypatch):
+    monkeypatch.setenv("GPT2_KERNEL_CACHE", "/" + "x" * 300)  # a name too long to look up
+    assert "the kernel cache folder" in fast.status() and "cannot be read (File name too long)" in fast.status()
+
+
 def run_python(code: str, tmp_path, **env: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, "GPT2_KERNEL_CACHE": str(tmp_path / "cache"), **env}
     return subprocess.run(
@@ -478,6 +517,12 @@ def test_the_build_is_cached_by_its_recipe(fast_kernels, tmp_path, monkeypatch):
     assert build.library_path(cc) == library  # the same recipe, the same file: not compiled again
     assert [p.name for p in tmp_path.iterdir()] == [library.name]  # no temporary file left
     assert library.stat().st_mtime_ns == stamp
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert library.stat().st_mode & 0o777 == 0o755 & ~umask  # other users of a shared cache can load it too
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPT2_KERNEL_CACHE", ".")
+    assert build.cache_dir() == tmp_path and build.library_path(cc) == library  # absolute: ctypes needs a path
 
 
 def test_avx512_builds_its_own_library_and_avx2_cpus_never_get_it(monkeypatch):

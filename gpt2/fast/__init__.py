@@ -94,12 +94,20 @@ def why_not_cpu_float32(model: GPT2) -> str | None:
     return None
 
 
+def why_not_widths(model: GPT2) -> str | None:
+    """Why the kernels cannot serve `model`'s widths (they read 8 floats at a time); None if they can."""
+    C, hs = model.config.n_embd, model.config.head_size
+    if C % 8 or hs % 8:
+        return f"the C kernels need n_embd and the head size to be multiples of 8, this model has {C} and {hs}"
+    return None
+
+
 def unavailable(model: GPT2 | None) -> str | None:
     """Why the fast path cannot run for `model` (or on this machine), found
     without compiling anything; None if nothing stands in its way."""
     if os.environ.get(READABLE_ENV, "0") == "1":
         return f"{READABLE_ENV}=1"
-    if model is not None and (reason := why_not_cpu_float32(model)):
+    if model is not None and (reason := why_not_cpu_float32(model) or why_not_widths(model)):
         return reason
     unsupported = build.cpu_unsupported()
     if unsupported:
@@ -117,10 +125,9 @@ def status(model: GPT2 | None = None) -> str:
     readable = "readable path (F.linear + SDPA, the Block modules)"
     fast = getattr(model, "accelerator", None)
     if isinstance(fast, FastGPT2) and why_not_cpu_float32(model) is None:  # moved or cast since: it stands aside
-        weights = "int8" if fast.int8 else "float32"
         threads = "threads chosen by timing" if fast.threads is not None else "torch.get_num_threads() threads"
-        return (f"fast path: C kernels ({fast.kernels.path.name}), {weights} weights, {threads}; "
-                f"passes that record gradients take the {readable}")
+        return (f"fast path: C kernels ({fast.kernels.path.name}), {fast.weights} weights, {threads}; passes "
+                f"that record gradients, run under hooks or autocast take the {readable}")
     reason = unavailable(model)
     if reason is None and build.load.cache_info().currsize:  # loaded or tried in this process
         loaded = build.load()
@@ -130,5 +137,8 @@ def status(model: GPT2 | None = None) -> str:
     if model is not None:
         return f"{readable}: not accelerated (gpt2.fast.accelerate(model) would use the C kernels)"
     cc = build.compiler()
-    built = build.library_path(cc).exists()
+    try:
+        built = build.library_path(cc).exists()
+    except OSError as e:  # a GPT2_KERNEL_CACHE the file system refuses to look into
+        return f"{readable}: the kernel cache folder {build.cache_dir()} cannot be read ({e.strerror})"
     return "fast path available: C kernels " + ("built" if built else f"to be compiled with {cc} on first use")

@@ -5,13 +5,14 @@ weight matrices (`pack_rows`).
 Legend: B = rows, T = new tokens per row, N = B * T, C = n_embd, V = vocab, L = n_layer.
 
 `FastGPT2` sits at the model's seam, `GPT2.accelerator`. It takes every pass
-it computes the same way as the readable path (CPU, float32, no gradient,
-widths that are multiples of 8, a tree mask over at most MAX_NEW_TOKENS
-tokens) and returns None for the rest; a long prefill goes in chunks. It owns
-its weight copies (float32, or int8 where the model was quantised) and a
-table of pointers for blocks.c, and before every pass it packs again any
-parameter whose tensor, storage or version changed, so a copy never goes
-stale (an edit through `.data` is the exception: `gpt2.fast.accelerate`).
+it computes the same way as the readable path (CPU, float32, no gradient or
+autocast, the stock modules without hooks, widths that are multiples of 8, a
+tree mask over at most MAX_NEW_TOKENS tokens) and returns None for the rest; a
+long prefill goes in chunks. It owns its weight copies (float32, or int8 where
+the model was quantised) and a table of pointers for blocks.c, and before
+every pass packs again any parameter whose tensor, storage or version changed,
+so a copy never goes stale (an edit through `.data` is the exception:
+`gpt2.fast.accelerate`). A deep copy of the model gets its own; a pickle none.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gpt2.kv_cache import KVCache
 from gpt2.model import MLP, GPT2, Block, CausalSelfAttention
 
 from .build import Kernels
+from .quantize import dequantize_rows, quantize_rows_int8
 from .threads import ThreadChooser
 
 # Tokens per row in one kernel call: a verification pass, a token tree, a
@@ -98,6 +100,17 @@ class PackedWeight:
         return self.data.data_ptr(), None if self.scale is None else self.scale.data_ptr()
 
 
+def packed_copy(w: torch.Tensor, int8: bool) -> PackedWeight:
+    """W (out, in) packed for the kernels: as its int8 levels where the model
+    is int8 and W is exactly its rows' int8 rounding (a quantised weight copied
+    or loaded again: rounding it again gives the same levels), else as float32."""
+    if int8:
+        q, scale = quantize_rows_int8(w)
+        if torch.equal(dequantize_rows(q, scale), w):
+            return PackedWeight(pack_rows(q), scale.contiguous(), stamp(w), w.detach())
+    return PackedWeight(pack_rows(w), None, stamp(w), w.detach())
+
+
 def kernel_readable(tensor: torch.Tensor) -> bool:
     return tensor.is_cpu and tensor.dtype == torch.float32 and tensor.is_contiguous()
 
@@ -137,10 +150,37 @@ class FastGPT2:
                     q, scale = int8_levels[name]
                     self.packed[name] = PackedWeight(pack_rows(q), scale.contiguous(), stamp(w), w.detach())
                 else:
-                    self.packed[name] = PackedWeight(pack_rows(w), None, stamp(w), w.detach())
+                    self.packed[name] = packed_copy(w, int8=False)
         self.table: ctypes.Array | None = None
         self.table_key: list | None = None  # the parameters' stamps when the table was built
         self.table_tensors: list[torch.Tensor] = []  # keeps the storage the table points into alive
+
+    @property
+    def weights(self) -> str:
+        """What the kernels read: "int8", "float32", or "int8 and float32" once some quantised weights were
+        replaced by others (each is packed as it is; before the first pass, as `accelerate` was asked)."""
+        kinds = {"float32" if p.scale is None else "int8" for p in self.packed.values()}
+        return " and ".join(sorted(kinds, reverse=True)) if kinds else "int8" if self.int8 else "float32"
+
+    def __deepcopy__(self, memo: dict) -> FastGPT2 | None:
+        """`copy.deepcopy(model)` copies this as the accelerator of the copy (deepcopy makes the model before
+        its attributes, so the copy has no weights yet: nothing is packed until its first pass). A copy of this
+        alone accelerates nothing: None."""
+        model = self.model()
+        copied_model = None if model is None else memo.get(id(model))
+        if copied_model is None:
+            return None
+        clone = FastGPT2.__new__(FastGPT2)
+        clone.__dict__.update(self.__dict__)
+        clone.model = weakref.ref(copied_model)
+        clone.threads = None if self.threads is None else ThreadChooser()
+        clone.packed, clone.table, clone.table_key, clone.table_tensors = {}, None, None, []
+        return clone
+
+    def __reduce__(self):
+        """Pickled (`torch.save(model)`, multiprocessing), the accelerator is dropped, since it holds C pointers:
+        the model unpickles with `accelerator = None`, on the readable path until accelerated again."""
+        return type(None), ()
 
     # -- the seam -------------------------------------------------------------
 
@@ -287,7 +327,7 @@ class FastGPT2:
                 if kept is None or kept.source != stamp(w):
                     if w.size(1) % 8:
                         return None
-                    self.packed[name] = PackedWeight(pack_rows(w), None, stamp(w), w.detach())
+                    self.packed[name] = packed_copy(w, self.int8)
         table = (BlockPointers * model.config.n_layer)()
         for i, entry in enumerate(table):
             t = tensors[12 * i : 12 * i + 12]

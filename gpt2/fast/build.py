@@ -51,10 +51,11 @@ COMPILE_TIMEOUT_S = 120
 
 
 def cache_dir() -> Path:
+    """The folder of built libraries, absolute (ctypes searches the system's library paths for a bare name)."""
     if os.environ.get("GPT2_KERNEL_CACHE"):
-        return Path(os.environ["GPT2_KERNEL_CACHE"])
+        return Path(os.path.abspath(os.environ["GPT2_KERNEL_CACHE"]))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gpt2-speculative"
+    return Path(os.path.abspath(base)) / "gpt2-speculative"
 
 
 def cpu_unsupported() -> str | None:
@@ -103,6 +104,9 @@ def compile_library(cc: str, library: Path) -> None:
         if done.returncode != 0:
             lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
             raise RuntimeError(f"`{cc}` failed (exit {done.returncode}): {lines[-1]}")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(partial, 0o755 & ~umask)  # mkstemp made it 0600: other users of a shared cache could not load it
         os.replace(partial, library)
     finally:
         if os.path.exists(partial):
