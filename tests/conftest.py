@@ -1,6 +1,9 @@
 """Fixtures shared by every test file (helper functions are in helpers.py):
 
 - tiktoken's offline cache, seeded from the real GPT-2 vocabulary (../shared/gpt2-bpe);
+- no network for any test: huggingface_hub points at a closed local port and
+  tiktoken may not download, unless a test asks for a local Hub; calibrations
+  go to a session folder, not the user's cache;
 - the local Hub server fixtures (`hub`, `no_hub`, from hub_server.py);
 - `fast_kernels`, for the tests of the C fast path;
 - `single_thread`, for the tests of tiny models.
@@ -18,7 +21,7 @@ import torch
 from benchmarks.common import load_prompt_tokenizer
 from gpt2.fast import build
 from helpers import GPT2_BPE_DIR
-from hub_server import hub, no_hub  # noqa: F401  (fixtures, registered for every test file)
+from hub_server import closed_endpoint, hub, no_hub, point_huggingface_hub_at  # noqa: F401  (hub, no_hub: fixtures)
 
 # tiktoken names each cached file by the sha1 of the URL it came from.
 TIKTOKEN_CACHE_NAMES = {
@@ -44,6 +47,33 @@ def offline_tiktoken_cache(tmp_path_factory: pytest.TempPathFactory):
         del os.environ["TIKTOKEN_CACHE_DIR"]
     else:
         os.environ["TIKTOKEN_CACHE_DIR"] = before
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_network(tmp_path_factory: pytest.TempPathFactory):
+    """No test reaches the network, even one whose checks regress: huggingface_hub talks to a closed local port
+    (the `hub` fixture points it at a local server instead), and tiktoken reads only its cache."""
+    import tiktoken.load
+
+    def refuse(url: str) -> bytes:
+        raise ConnectionError(f"tests do not reach the network (tiktoken wanted {url})")
+
+    with pytest.MonkeyPatch.context() as patch:
+        point_huggingface_hub_at(patch, closed_endpoint(), tmp_path_factory.mktemp("hf_home"))
+        patch.setattr(tiktoken.load, "read_file", refuse)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def calibrations_in_a_session_folder(tmp_path_factory: pytest.TempPathFactory):
+    """The step costs `gamma="auto"` and the drafting benchmark calibrate go to a folder of this session, not the
+    user's cache (a test may point them elsewhere again)."""
+    import spec_decoding.costs
+
+    folder = tmp_path_factory.mktemp("step-costs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(spec_decoding.costs, "default_cache_dir", lambda: folder)
+        yield folder
 
 
 @pytest.fixture(scope="session")

@@ -101,17 +101,27 @@ def test_auto_is_near_the_best_fixed_gamma_in_expectation(monkeypatch):
     assert frozen["auto"] < 0.95 * max(v for name, v in frozen.items() if name.startswith("fixed"))
 
 
-@pytest.mark.parametrize("bad", [["--repeats", "0"], ["--gammas", "0"], ["--alphas", "1.5"], ["--ngram", "0"],
-                                 ["--p-mins", "-0.1"], ["--noise", "nan"], ["--noise", "inf"], ["--noise", "-1"],
-                                 ["--threads", str(os.cpu_count() + 1)], ["--out", ""], ["--int8-alphas", "-1"],
-                                 ["--parts", "simulated", "--alphas", "--int8-alphas"], ["--noise", "1e308"],
-                                 ["--noise", "10.5"], ["--max-gen", "1000"], ["--max-gen", "1000000000"],
-                                 ["--gammas", "2", "13"], ["--noisy-prompts", "7"]])
-def test_bad_settings_are_one_line_and_exit_2(bad, capsys, tmp_path):
+BAD_SETTINGS = [  # (the settings, what the one line must say)
+    (["--repeats", "0"], "--repeats must be >= 1"), (["--ngram", "0"], "--ngram must be >= 1"),
+    (["--gammas", "0"], "--gammas must lie in 1..12"), (["--gammas", "2", "13"], "--gammas must lie in 1..12"),
+    *(([option, value], "--alphas, --int8-alphas and --p-mins must lie in [0, 1]")
+      for option, value in (("--alphas", "1.5"), ("--p-mins", "-0.1"), ("--int8-alphas", "-1"))),
+    *((["--noise", value], "--noise must lie in 0..10.0") for value in ("nan", "inf", "-1", "1e308", "10.5")),
+    (["--threads", str(os.cpu_count() + 1)], f"--threads must lie in 1..{os.cpu_count()}"),
+    (["--out", ""], "--out is empty"),
+    (["--parts", "simulated", "--alphas", "--int8-alphas"], "the simulated part needs an α"),
+    (["--max-gen", "1000"], "--max-gen 1000 new tokens after the longest prompt"),
+    (["--max-gen", "1000000000"], "give --max-gen at most 965"),
+    (["--noisy-prompts", "7"], "--noisy-prompts must lie in 1..6"),
+]
+
+
+@pytest.mark.parametrize("bad, message", BAD_SETTINGS, ids=[" ".join(bad) for bad, _ in BAD_SETTINGS])
+def test_bad_settings_are_one_line_and_exit_2(bad, message, capsys, tmp_path, prompt_tokenizer):
     short = ["--parts", "noisy", "--repeats", "1", "--max-gen", "4", "--noisy-prompts", "1", "--noisy-seeds", "1"]
     assert run_cli(main, ["--tiny", *short, "--out", str(tmp_path / "out"), *bad]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1 and message in err, err
 
 
 def test_the_longest_max_gen_the_window_allows_is_emitted_whole(tmp_path, prompt_tokenizer):
