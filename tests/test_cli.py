@@ -364,6 +364,13 @@ def test_sampling_with_a_seed_reproduces_with_the_prompt_from_stdin_too(tmp_path
     assert without_timings(a) == without_timings(b)
 
 
+def test_another_seed_samples_another_text(capsys, folders, single_thread):
+    """The seed is used: with it ignored, every test of reproducibility above would still pass."""
+    settings = (*local_models(folders), "--json", "--temperature", "1.0", "-p", "Once upon a time")
+    texts = [json.loads(run_main(capsys, *settings, "--seed", str(seed)).stdout)["token_ids"] for seed in (7, 8, 7)]
+    assert texts[0] == texts[2] != texts[1]
+
+
 def test_colour_and_legend_on_a_terminal(tmp_path, folders):
     """stdout is a pseudo-terminal here, so the script colours its tokens."""
     code, out = run_in_pty(tmp_path, local_models(folders), size=(24, 100))
