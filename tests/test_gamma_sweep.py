@@ -118,10 +118,10 @@ def simulated_runs():
 
 def test_simulated_acceptance_is_alpha_within_four_standard_errors(simulated_runs):
     _, _, stats = simulated_runs
-    drafted = sum(s.drafted for s in stats)
     reached = sum(sum(s.reached_at) for s in stats)
-    assert drafted >= 2000, f"only {drafted} drafted positions: the check needs more"
-    # Each reached position is one Bernoulli(ALPHA) trial.
+    assert reached >= 1200, f"only {reached} judged positions: the check needs more"
+    # Each judged (reached) position is one Bernoulli(ALPHA) trial: about 1,360 of them here, so 4 standard errors
+    # are about 0.05; a drafter at alpha 0.6 or 0.8 fails.
     tolerance = 4 * math.sqrt(ALPHA * (1 - ALPHA) / reached)
     assert abs(pooled(stats).alpha - ALPHA) < tolerance, (pooled(stats).alpha, reached)
 

@@ -275,15 +275,16 @@ def test_probs_sum_to_one_over_any_leading_dims(config):
 
 
 def test_sample_reproduces_with_a_seeded_generator_and_follows_the_distribution():
-    probs = torch.tensor([0.1, 0.0, 0.6, 0.3]).expand(4000, 4)  # (N, V)
-    draws = sample(probs, torch.Generator().manual_seed(0))
-    assert draws.shape == (4000,)
-    assert torch.equal(draws, sample(probs, torch.Generator().manual_seed(0)))
+    p = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    N = 40_000
+    draws = sample(p.expand(N, 4), torch.Generator().manual_seed(0))  # (N,) from (N, V)
+    assert draws.shape == (N,)
+    assert torch.equal(draws, sample(p.expand(N, 4), torch.Generator().manual_seed(0)))
     assert (draws != 1).all(), "a zero-probability token is never drawn"
-    freq = torch.bincount(draws, minlength=4).float() / 4000
-    # 5 standard errors of a frequency from 4000 draws: 5 * sqrt(p (1 - p) / N) <= 0.04.
-    tolerance = 5 * math.sqrt(0.25 / 4000)
-    assert torch.allclose(freq, torch.tensor([0.1, 0.0, 0.6, 0.3]), atol=tolerance)
+    freq = torch.bincount(draws, minlength=4).float() / N
+    # Each token's frequency within 5 of its standard errors, 5 sqrt(p (1 - p) / N): 0.008 to 0.012. A sampler
+    # from p^0.9 (renormalised) is off by 0.02 to 0.04 and fails.
+    assert ((freq - p).abs() <= 5 * torch.sqrt(p * (1 - p) / N)).all(), freq
 
 
 def test_a_generator_of_another_kind_of_device_is_refused_before_sampling():
