@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -164,21 +163,22 @@ def test_the_thread_count_changes_no_bit(fast_kernels, int8):
 def test_the_thread_chooser_follows_the_faster_count():
     """A pass that is slow with 2 threads (as when another process shares a
     core) moves the chooser to 1 thread; when 2 threads become the faster
-    count again, it comes back. The fake passes sleep for the time a thread
-    count costs."""
+    count again, it comes back. The fake passes move a fake clock by the time
+    a thread count costs."""
     from gpt2.fast.threads import LAST_PROBE_BELOW, ThreadChooser
 
     cost = {1: 0.002, 2: 0.008}  # seconds per pass: 2 threads slowed down
+    now = [0.0]
 
     def work() -> int:
         threads = torch.get_num_threads()
-        time.sleep(cost[threads])
+        now[0] += cost[threads]
         return threads
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        chooser = ThreadChooser()
+        chooser = ThreadChooser(clock=lambda: now[0])
         used = [chooser.run(1, work) for _ in range(40)]
         assert chooser.count == 1 and used[-16:].count(1) >= 14, used  # now and then a probe of 2
         assert torch.get_num_threads() == 2  # restored after every pass

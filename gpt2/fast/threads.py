@@ -37,7 +37,8 @@ NEW_WEIGHT = 0.3  # of a new time in the running mean of its (size, count)
 class ThreadChooser:
     """Times the passes of one model and picks their thread count."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock  # seconds; the tests give a fake one
         self.most = 1  # torch.get_num_threads() at the latest pass
         self.count: int | None = None  # threads of an ordinary pass; None: all there are
         self.mean: dict[tuple[int, int], float] = {}  # (pass size, threads) -> running mean seconds
@@ -56,9 +57,9 @@ class ThreadChooser:
         threads = self.next_threads()
         torch.set_num_threads(threads)
         try:
-            start = time.perf_counter()
+            start = self.clock()
             result = work()
-            self.record(size, threads, time.perf_counter() - start)
+            self.record(size, threads, self.clock() - start)
         finally:
             torch.set_num_threads(most)
         return result
