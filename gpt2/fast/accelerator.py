@@ -321,8 +321,6 @@ class FastGPT2:
         matrices = [tensors[12 * i + s] for i in range(model.config.n_layer) for s in MATRIX_SLOTS] + [tensors[-1]]
         with torch.no_grad():
             for name, w in zip(self.matrix_names, matrices):
-                if w.is_inference():
-                    return None  # no version counter to watch (see own_ordinary_tensors)
                 kept = self.packed.get(name)
                 if kept is None or kept.source != stamp(w):
                     if w.size(1) % 8:
