@@ -131,7 +131,7 @@ def relative_medians(seconds: dict[Kind, list[float]], reference: Kind) -> dict[
 
 def default_cache_dir() -> Path:
     """Where calibrations are kept: step-costs/ in the C kernels' cache folder
-    (GPT2_KERNEL_CACHE, else $XDG_CACHE_HOME or ~/.cache, /gpt2-speculative)."""
+    (GPT2_KERNEL_CACHE, else gpt2-speculative/ in $XDG_CACHE_HOME or ~/.cache)."""
     return build.cache_dir() / "step-costs"
 
 
