@@ -11,7 +11,8 @@ often disagrees with the target (alpha ~ 0.5), so every branch of the rule is
 taken: rejection at draft position 1, rejection at position 2 (correction
 from the residual), and full acceptance (bonus token). The same check is shown
 to fail, by a wide margin, for two plausible wrong rules (always accepting
-the draft; drawing the correction from p_target instead of the residual).
+the draft; drawing the correction from p_target instead of the residual), and
+for a draft that reports its unfiltered distribution under top-k or top-p.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import pytest
 import torch
 
 import spec_decoding.acceptance
+import spec_decoding.drafters
 import spec_decoding.loop
 from gpt2 import GPT2, GPT2Config
-from gpt2.sampling import SamplingConfig, sample
+from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 from spec_decoding import Verdict, speculative_generate
 from helpers import chi_square, chi_square_quantile_0999, exact_continuation_distribution, perturbed_copy, tiny_gpt2
 
@@ -42,11 +44,12 @@ SETTINGS = {
     "temperature 1": SamplingConfig(temperature=1.0),
     "temperature 0.7, top-k 4": SamplingConfig(temperature=0.7, top_k=4),
     "top-p 0.8": SamplingConfig(temperature=1.0, top_p=0.8),
+    "top-k 2": SamplingConfig(temperature=1.0, top_k=2),  # cuts enough mass to catch a filter the draft misreports
 }
 # One end-to-end case at 10^4 runs; the others at fewer, to keep the file
 # under a minute: one run (~4 tiny forward passes) costs ~3 ms of CPU. The
 # threshold follows the sample size through the pooling and the degrees of freedom.
-RUNS = {"temperature 1": 10_000, "temperature 0.7, top-k 4": 2_000, "top-p 0.8": 2_000}
+RUNS = {"temperature 1": 10_000, "temperature 0.7, top-k 4": 2_000, "top-p 0.8": 2_000, "top-k 2": 2_000}
 WRONG_RULE_RUNS = 2_000
 
 
@@ -116,7 +119,7 @@ def test_sampled_tokens_have_the_target_distribution(target, draft, setting):
     statistic, df = chi_square(counts, exact_distribution(target, sampling))
     threshold = chi_square_quantile_0999(df)
     # Measured (seed 0): temperature 1: 191.8 < 307.8 (df 235); top-k: 23.1 < 54.2 (df 26);
-    # top-p: 34.3 < 84.1 (df 48).
+    # top-p: 34.3 < 84.1 (df 48); top-k 2: 4.4 < 24.5 (df 7).
     assert statistic < threshold, f"chi-square {statistic:.1f} >= {threshold:.1f} (df {df}, {runs} runs)"
     # Every branch of the rule was taken often: the first step rejected draft 1,
     # rejected draft 2 after accepting draft 1, and accepted both (bonus token).
@@ -147,6 +150,27 @@ WRONG_RULES = {
     "always accept the draft": (spec_decoding.loop, "speculative_sampling", always_accept),
     "correction from p_target": (spec_decoding.acceptance, "residual_distribution", target_instead_of_residual),
 }
+
+
+def unfiltered_draft_probs(self, position, logits, sampling, generator):
+    """WRONG: the draft samples from its top-k/top-p filtered distribution but reports the unfiltered one as
+    p_draft, so the acceptance ratio p_target / p_draft is too large where the filter cut mass."""
+    if sampling.greedy:
+        return logits.argmax(), None
+    drawn_from = logits_to_probs(logits, sampling)  # (V,)
+    return sample(drawn_from, generator), logits_to_probs(logits, SamplingConfig(sampling.temperature))
+
+
+@pytest.mark.parametrize("setting", ["top-k 2", "top-p 0.8"])
+def test_the_check_fails_for_a_draft_that_misreports_its_filter(target, draft, monkeypatch, setting):
+    monkeypatch.setattr(spec_decoding.drafters.ModelDrafter, "pick", unfiltered_draft_probs)
+    sampling = SETTINGS[setting]
+    counts, _ = sampled_counts(target, draft, sampling, WRONG_RULE_RUNS, seed=0)
+    statistic, df = chi_square(counts, exact_distribution(target, sampling))
+    # Measured (seed 0): top-k 2: 321.2 > 24.5; top-p 0.8: 562.1 > 84.1. (At top-k 4, temperature 0.7 the tail it
+    # cuts is too light for 2,000 runs to tell: 28.7 < 54.2.)
+    threshold = chi_square_quantile_0999(df)
+    assert statistic > threshold, f"chi-square {statistic:.1f} < {threshold:.1f} (df {df}): wrong rule undetected"
 
 
 @pytest.mark.parametrize("rule", WRONG_RULES)
