@@ -160,12 +160,13 @@ class GPT2(nn.Module):
             that follows input_ids[:, t].
 
         Raises:
-            ValueError: input_ids not (B, T >= 1), a cache of another batch
-                size or another model's, a mask of another shape or reaching
-                back past the cache, or positions that would run past the
-                context window n_ctx (or past the cache's capacity).
+            ValueError: input_ids not (B, T >= 1) or on another device, a
+                cache of another batch size, dtype or device or another
+                model's, a mask of another shape or reaching back past the
+                cache, or positions that would run past the context window
+                n_ctx (or past the cache's capacity).
         """
-        check_pass(self.config, input_ids, cache, mask)
+        check_pass(self, input_ids, cache, mask)
         B, T = input_ids.size()
         if mask is None:
             seen = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()  # (T, T): causal
@@ -194,11 +195,18 @@ class GPT2(nn.Module):
         return logits
 
 
-def check_pass(config: GPT2Config, input_ids: torch.Tensor, cache: KVCache | None, mask: torch.Tensor | None) -> None:
+def check_pass(model: GPT2, input_ids: torch.Tensor, cache: KVCache | None, mask: torch.Tensor | None) -> None:
     """Raises a ValueError, saying what to give instead, unless `GPT2.forward` can run on these arguments."""
+    config = model.config
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be a (batch, tokens) tensor of token ids, got {got}")
+    if input_ids.device != model.device:
+        raise ValueError(f"input_ids are on {input_ids.device}, the model on {model.device}: pass "
+                         "input_ids.to(model.device)")
+    if cache is not None and (cache.k.dtype, cache.k.device) != (model.dtype, model.device):
+        raise ValueError(f"the cache holds {cache.k.dtype} on {cache.k.device}, the model is {model.dtype} on "
+                         f"{model.device}: use model.new_cache()")
     B, T = input_ids.size()
     if T == 0:
         raise ValueError("input_ids holds no tokens: a forward pass needs at least one")

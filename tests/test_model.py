@@ -229,6 +229,10 @@ def test_a_forward_pass_it_cannot_run_raises_value_error(request, tiny, accelera
         # A draft's cache given to the target: the kernels would write past its buffers.
         "the cache is another model's \\(2 layers, 2 heads of 16; this model has 2, 4 of 8\\)": (
             ids, KVCache(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=101), 2), None),
+        "the cache holds torch.float16 on cpu, the model is torch.float32 on cpu: use model.new_cache": (
+            ids, KVCache(TINY, 2, dtype=torch.float16), None),
+        "input_ids are on meta, the model on cpu: pass input_ids.to\\(model.device\\)": (
+            ids.to("meta"), None, None),
         "the mask's window reaches 4 cached positions back, but a row of the cache holds 3":
             (ids, cache, torch.ones(3, 7, dtype=torch.bool)),
     }
