@@ -80,8 +80,8 @@ def load_everything(
     try:
         tokenizer = load_tokenizer(folders["target"])  # its vocab.json + merges.txt, else tiktoken's own
     except Exception as e:
-        if isinstance(e, ValueError):
-            raise  # a broken vocab.json: the message says so
+        if isinstance(e, ValueError) or any((folders["target"] / f).exists() for f in ("vocab.json", "merges.txt")):
+            raise  # a broken or unreadable vocab.json: the message says so
         # tiktoken could not fetch its own files (no network)
         raise FileNotFoundError(
             f"no GPT-2 tokenizer: {folders['target']} has no vocab.json + merges.txt and tiktoken could not get "

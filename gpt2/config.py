@@ -90,8 +90,8 @@ class GPT2Config:
             )
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path} is not valid JSON ({e}); re-download it or fix the file") from None
+        except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ValueError(f"{path} is not valid JSON ({str(e)[:100]}); re-download it or fix the file") from None
         if not isinstance(raw, dict):
             raise ValueError(f"{path} must hold a JSON object with the GPT-2 hyperparameters")
         model_type = raw.get("model_type", "gpt2")

@@ -10,6 +10,7 @@ where the repo has them) and read from there on every later run, with no network
 
 from __future__ import annotations
 
+import errno
 import inspect
 import os
 import shutil
@@ -25,6 +26,14 @@ TOKENIZER_FILES = ("vocab.json", "merges.txt")
 # The first request of a download: how long it may wait for the Hub before we
 # say there is no network (each of connect and read, in seconds).
 HUB_PROBE_TIMEOUT_SECONDS = 3.0
+HTTP_FIXES = {
+    401: "your token was refused: log in again with `hf auth login`, or unset HF_TOKEN",
+    403: "access was refused: check that your account may read this repo",
+    429: "too many requests: wait a minute and try again",
+}
+# Errors of writing a downloaded file (disk full, no permission, ...), which are no network's fault
+DISK_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG, errno.EACCES, errno.EPERM,
+               errno.EROFS, errno.EISDIR}
 
 
 def is_model_folder(source: str | Path) -> bool:
@@ -66,13 +75,17 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
     at a local server) and HF_HUB_DISABLE_PROGRESS_BARS.
 
     Raises:
-        ValueError: the repo does not exist or has no model.safetensors.
-        FileNotFoundError: the Hub cannot be reached and there is no local
-            copy (within a few seconds: see `HUB_PROBE_TIMEOUT_SECONDS`).
+        ValueError: the repo does not exist or has no model.safetensors, the
+            Hub answers with an error (a refused token, too many requests),
+            or a file cannot be written.
+        FileNotFoundError: the Hub cannot be reached (within a few seconds:
+            see `HUB_PROBE_TIMEOUT_SECONDS`) or HF_HUB_OFFLINE is set, and
+            there is no local copy.
     """
     folder = local_folder_for(repo_id, weights_dir)
-    if all((folder / f).is_file() for f in MODEL_FILES):
-        return folder  # downloaded before: no network needed (some repos have no tokenizer files)
+    tokenizer_files = sum((folder / f).is_file() for f in TOKENIZER_FILES)
+    if all((folder / f).is_file() for f in MODEL_FILES) and tokenizer_files != 1:
+        return folder  # downloaded before: no network needed (some repos have no tokenizer files; one alone: deleted)
     # model.safetensors comes last: once it is there, the tokenizer files were
     # fetched or found absent, so a later run never needs to ask again.
     wanted = ("config.json", *TOKENIZER_FILES, "model.safetensors")
@@ -83,7 +96,8 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
     # huggingface_hub retries a failed request for a file it has no copy of
     # five times, 23 s of backoff with a warning each time. One request of
     # our own first, with no retries, tells a missing network in seconds.
-    probe = partial(get_hf_file_metadata, hf_hub_url(repo_id, "config.json"), timeout=HUB_PROBE_TIMEOUT_SECONDS)
+    probe = partial(probe_hub, partial(get_hf_file_metadata, hf_hub_url(repo_id, "config.json"),
+                                       timeout=HUB_PROBE_TIMEOUT_SECONDS))
     progress = {"tqdm_class": progress_bar_class()} if accepts_tqdm_class(hf_hub_download) else {}
     first_download = not folder.exists()
     try:
@@ -99,6 +113,21 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
             shutil.rmtree(folder, ignore_errors=True)  # leave no empty folder behind a failed first try
         raise
     return folder
+
+
+def probe_hub(request: Callable[[], object]) -> None:
+    """Runs the probe `request`; a Hub that answers with a server error or
+    slowly is not a missing network: hf_hub_download then retries."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        request()
+    except HfHubHTTPError as e:
+        if e.response is None or e.response.status_code < 500:
+            raise
+    except Exception as e:
+        if not (type(e).__name__.endswith("Timeout") and "Connect" not in type(e).__name__):  # ReadTimeout: slow
+            raise
 
 
 def make_download_folder(folder: Path) -> None:
@@ -123,13 +152,16 @@ def ask_hub(request: Callable[[], object], repo_id: str, filename: str, folder: 
     falls back to tiktoken's own GPT-2 files.
 
     Raises:
-        ValueError: a gated or unknown repo, or a missing model file.
-        FileNotFoundError: the Hub cannot be reached.
+        ValueError: a gated or unknown repo, a missing model file, another
+            error answer of the Hub, or a file that cannot be written.
+        FileNotFoundError: the Hub cannot be reached, or HF_HUB_OFFLINE is set.
     """
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
+        HfHubHTTPError,
         LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
         RepositoryNotFoundError,
     )
 
@@ -151,10 +183,20 @@ def ask_hub(request: Callable[[], object], repo_id: str, filename: str, folder: 
         if filename in TOKENIZER_FILES:
             return
         raise ValueError(
-            f"'{repo_id}' on the Hugging Face Hub has no {filename}; only GPT-2 checkpoints saved as "
-            "safetensors can be loaded"
+            f"'{repo_id}' on the Hugging Face Hub has no {filename}; only GPT-2 checkpoints saved as one "
+            "safetensors file can be loaded (not pickled .bin files, not shards)"
         ) from None
+    except OfflineModeIsEnabled:
+        raise FileNotFoundError(f"HF_HUB_OFFLINE is set and there is no local copy of '{repo_id}' in {folder}: "
+                                "unset it to download, or pass a local model folder") from None
+    except HfHubHTTPError as e:  # the Hub answered, with an error
+        status = None if e.response is None else e.response.status_code
+        fix = HTTP_FIXES.get(status, "try again later") if status is None or status < 500 else "try again later"
+        raise ValueError(f"the Hugging Face Hub answered {status} for {filename} of '{repo_id}': {fix}") from None
     except OSError as e:
+        if e.errno in DISK_ERRNOS:  # writing the file failed, not the network
+            raise ValueError(f"cannot write {e.filename or folder} ({e.strerror}): free some space, or pass a "
+                             "weights_dir (--weights-dir) you can write to") from None
         raise cannot_download(repo_id, folder, e) from None
     except Exception as e:  # httpx errors that are not OSError: the network is the problem
         if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2"):
@@ -229,6 +271,8 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
             f"weights_dir must be the folder for downloads (a str or Path) or None for the repository's "
             f"weights/, not {type(weights_dir).__name__} {weights_dir!r}"
         )
+    if weights_dir is not None:
+        weights_dir = expand_home(str(weights_dir))  # as huggingface_hub does with it: both see one folder
     folder = expand_home(text)
     if is_model_folder(folder):
         return folder

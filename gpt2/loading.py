@@ -7,9 +7,10 @@ Two key layouts exist in the wild and both load: the Hub files (`wte.weight`,
 `h.0.attn.c_attn.weight`, ..., sometimes with the causal-mask buffers
 `h.N.attn.bias` / `h.N.attn.masked_bias`, ignored), and `save_pretrained`
 output (the same names under a `transformer.` prefix, plus an `lm_head.weight`
-tied to `wte`: ignored, or taken as `wte` where a file holds only the head). GPT-2's four projections per block (c_attn, c_proj,
-c_fc, mlp.c_proj) are Conv1D layers stored (in, out); nn.Linear keeps
-(out, in), so each is transposed once here. Every name and shape is checked
+tied to `wte`: ignored, or taken as `wte` where a file holds only the head).
+GPT-2's four projections per block (c_attn, c_proj, c_fc, mlp.c_proj) are
+Conv1D layers stored (in, out); nn.Linear keeps (out, in), so each is
+transposed once here. Every name and shape is checked
 against config.json from the safetensors header alone, before the model is
 built: a config.json that does not match the weights costs nothing to refuse.
 """
@@ -91,7 +92,7 @@ def reading_safetensors(path: Path) -> Iterator[None]:
 
     Raises:
         FileNotFoundError: the file is missing.
-        ValueError: the file is truncated or not safetensors.
+        ValueError: the file cannot be read, is truncated or not safetensors.
     """
     from safetensors import SafetensorError
 
@@ -99,6 +100,10 @@ def reading_safetensors(path: Path) -> Iterator[None]:
         raise FileNotFoundError(
             f"{path} not found: a model folder needs model.safetensors (pickled .bin checkpoints are not loaded)"
         )
+    try:
+        path.open("rb").close()
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror}): check its permissions") from None
     try:
         yield
     except (SafetensorError, OSError, RuntimeError, ValueError) as e:

@@ -56,7 +56,9 @@ def read_mergeable_ranks(vocab_json: Path, merges_txt: Path) -> dict[bytes, int]
         ranks = {
             bytes(char_to_byte[ch] for ch in token): i for token, i in vocab.items() if token != END_OF_TEXT
         }
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as e:
+    except OSError as e:
+        raise ValueError(f"cannot read {e.filename or vocab_json} ({e.strerror}): check its permissions") from None
+    except (ValueError, KeyError, AttributeError, TypeError, RecursionError) as e:  # JSON's errors are ValueErrors
         raise ValueError(f"{vocab_json} is not a GPT-2 vocab.json ({type(e).__name__}): download it again") from None
     merges = [line for line in merges if line and not line.startswith("#version")]
     # Each merge "a b" of rank r must have created the token a+b with id 256 + r.

@@ -37,11 +37,14 @@ class HubServer:
     Attributes:
         url: the endpoint to use as HF_ENDPOINT, e.g. "http://127.0.0.1:40123".
         requests: every request received, as (method, path), in order.
+        failures: HTTP statuses to answer the next requests with, one each
+            (e.g. [503]: one server error, then the files).
     """
 
     def __init__(self, repos: dict[str, dict[str, bytes]]) -> None:
         self.repos = repos
         self.requests: list[tuple[str, str]] = []
+        self.failures: list[int] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._httpd.daemon_threads = True
@@ -92,6 +95,9 @@ class HubServer:
             def _answer(self, send_body: bool) -> None:
                 with server._lock:
                     server.requests.append((self.command, self.path))
+                    failure = server.failures.pop(0) if server.failures else None
+                if failure is not None:
+                    return self._error(failure, "Failure", f"status {failure}", None, send_body)
                 match = RESOLVE_PATH.match(self.path.split("?", 1)[0])
                 if match is None:
                     return self._error(404, "RepoNotFound", f"no route for {self.path}", None, send_body)

@@ -5,6 +5,7 @@ and every user error with its message."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,52 @@ def test_no_network_and_no_local_copy_says_what_to_do_without_retrying(no_hub, t
     assert not (weights / "someorg--tiny-gpt2").exists(), "no empty folder left behind"
 
 
+def test_a_hub_that_answers_with_an_error_is_named_not_taken_for_no_network(hub, tmp_path, folder, state,
+                                                                           monkeypatch):
+    server = hub({REPO_ID: served_files(folder)})
+    weights = tmp_path / "weights"
+    for status, fix in ((401, "your token was refused: log in again"), (429, "too many requests: wait a minute")):
+        server.failures = [status] * 10
+        with pytest.raises(ValueError, match=f"the Hugging Face Hub answered {status} for config.json of '{REPO_ID}'"
+                                             f": {re.escape(fix)}"):
+            load_model(REPO_ID, weights_dir=weights)
+    server.failures = [503]  # one server error: the probe lets it pass, huggingface_hub's own requests go on
+    assert_holds(load_model(REPO_ID, weights_dir=weights), state)
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE is set and there is no local copy of 'other/repo'"):
+        load_model("other/repo", weights_dir=weights)
+
+
+def test_a_file_that_cannot_be_written_is_not_taken_for_no_network(hub, tmp_path, folder):
+    hub({REPO_ID: served_files(folder)})
+    blocked = tmp_path / "weights" / "someorg--tiny-gpt2" / "model.safetensors"
+    blocked.mkdir(parents=True)  # a folder where the download must write a file
+    with pytest.raises(ValueError, match="cannot write .*: free some space, or pass a weights_dir"):
+        load_model(REPO_ID, weights_dir=tmp_path / "weights")
+
+
+def test_a_weights_dir_under_home_written_with_a_tilde_is_the_home_folder(hub, tmp_path, folder, state, monkeypatch):
+    """huggingface_hub expands ~ in the folder it writes to: so must the loader that then reads it."""
+    hub({REPO_ID: served_files(folder)})
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert_holds(load_model(REPO_ID, weights_dir="~/models"), state)
+    assert (tmp_path / "home" / "models" / "someorg--tiny-gpt2" / "model.safetensors").is_file()
+    assert not (tmp_path / "~").exists()
+
+
+def test_a_deleted_tokenizer_file_is_downloaded_again(hub, tmp_path, folder):
+    server = hub({REPO_ID: served_files(folder)})
+    load_model(REPO_ID, weights_dir=tmp_path / "weights")
+    (tmp_path / "weights" / "someorg--tiny-gpt2" / "vocab.json").unlink()  # as its "download it again" says
+    load_model(REPO_ID, weights_dir=tmp_path / "weights")
+    assert server.files_requested("GET").count("vocab.json") == 2
+    assert (tmp_path / "weights" / "someorg--tiny-gpt2" / "vocab.json").read_bytes() == b'{"placeholder": 0}'
+
+
 def test_a_download_says_what_it_fetches_and_where(hub, tmp_path, folder, capsys):
     server = hub({REPO_ID: served_files(folder)})
     load_model(REPO_ID, weights_dir=tmp_path / "weights")
@@ -235,6 +282,19 @@ def test_truncated_safetensors_raises_value_error(folder, keep_fraction):
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep_fraction)])
     with pytest.raises(ValueError, match="is corrupt or truncated.*download it again"):
+        load_model(folder)
+
+
+def test_an_unreadable_safetensors_is_not_called_corrupt(folder, monkeypatch):
+    real_open = Path.open
+
+    def refuse(path, *args, **kwargs):
+        if path.name == "model.safetensors":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refuse)
+    with pytest.raises(ValueError, match=r"cannot read .*model.safetensors \(Permission denied\): check its"):
         load_model(folder)
 
 
@@ -335,6 +395,8 @@ def test_a_config_field_of_the_wrong_kind_raises_value_error(field, value):
     "text, match",
     [
         ("{not json", "is not valid JSON"),
+        ("[" * 100_000, "is not valid JSON"),  # nested past Python's recursion limit
+        ('{"n_embd": ' + "9" * 5000 + "}", "is not valid JSON"),  # past Python's 4300 digits
         (json.dumps({"model_type": "llama", "n_layer": 2}), "describes a 'llama' model"),
         (json.dumps({"model_type": "gpt2", "n_head": 4}), "lacks the GPT-2 field"),
     ],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import requests
@@ -147,8 +148,22 @@ def test_vocab_ids_that_are_not_each_id_once_raise_value_error(tmp_path, model_f
         load_tokenizer(tmp_path)
 
 
-def test_a_vocab_json_that_is_not_json_raises_value_error(tmp_path, model_folder):
-    (tmp_path / "vocab.json").write_text("{not json", encoding="utf-8")
+def test_a_vocab_json_that_cannot_be_read_says_so(model_folder, monkeypatch):
+    real_read_text = Path.read_text
+
+    def refuse(path, *args, **kwargs):
+        if path.name == "vocab.json":
+            raise PermissionError(13, "Permission denied", str(path))  # another user's file, say
+        return real_read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    with pytest.raises(ValueError, match=r"cannot read .*vocab.json \(Permission denied\): check its permissions"):
+        load_tokenizer(model_folder)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[" * 100_000], ids=["not JSON", "nested past the recursion limit"])
+def test_a_vocab_json_that_is_not_json_raises_value_error(tmp_path, model_folder, text):
+    (tmp_path / "vocab.json").write_text(text, encoding="utf-8")
     shutil.copyfile(model_folder / "merges.txt", tmp_path / "merges.txt")
     with pytest.raises(ValueError, match="is not a GPT-2 vocab.json"):
         load_tokenizer(tmp_path)
