@@ -35,6 +35,7 @@ from .fast.quantize import quantize_model_int8, resolve_quantize
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
 
+LFS_POINTER = b"version https://git-lfs"  # how a file that git-lfs has not fetched begins
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -101,9 +102,13 @@ def reading_safetensors(path: Path) -> Iterator[None]:
             f"{path} not found: a model folder needs model.safetensors (pickled .bin checkpoints are not loaded)"
         )
     try:
-        path.open("rb").close()
+        with path.open("rb") as f:
+            start = f.read(len(LFS_POINTER))
     except OSError as e:
         raise ValueError(f"cannot read {path} ({e.strerror}): check its permissions") from None
+    if start == LFS_POINTER:
+        raise ValueError(f"{path} is a git-lfs pointer, not the weights (a `git clone` without git-lfs): run `git lfs "
+                         "pull` in that folder, or pass the Hub repo id to download it")
     try:
         yield
     except (SafetensorError, OSError, RuntimeError, ValueError) as e:

@@ -298,6 +298,13 @@ def test_an_unreadable_safetensors_is_not_called_corrupt(folder, monkeypatch):
         load_model(folder)
 
 
+def test_a_git_lfs_pointer_is_named_with_the_command_that_fetches_it(folder):
+    (folder / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:"
+                                              + "0" * 64 + "\nsize 548105171\n")
+    with pytest.raises(ValueError, match="model.safetensors is a git-lfs pointer, not the weights .*`git lfs pull`"):
+        load_model(folder)
+
+
 def test_garbage_safetensors_raises_value_error(folder):
     (folder / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage" + bytes(100))
     with pytest.raises(ValueError, match="is corrupt or truncated"):
