@@ -204,28 +204,32 @@ def check_pass(model: GPT2, input_ids: torch.Tensor, cache: KVCache | None, mask
     if input_ids.device != model.device:
         raise ValueError(f"input_ids are on {input_ids.device}, the model on {model.device}: pass "
                          "input_ids.to(model.device)")
-    if cache is not None and (cache.k.dtype, cache.k.device) != (model.dtype, model.device):
-        raise ValueError(f"the cache holds {cache.k.dtype} on {cache.k.device}, the model is {model.dtype} on "
-                         f"{model.device}: use model.new_cache()")
     B, T = input_ids.size()
     if T == 0:
         raise ValueError("input_ids holds no tokens: a forward pass needs at least one")
-    if cache is not None and cache.batch_size != B:
-        raise ValueError(f"the cache holds {cache.batch_size} rows but input_ids has {B}: use model.new_cache({B})")
-    L, _, nh, _, hs = cache.k.shape if cache is not None else (config.n_layer, B, config.n_head, 0, config.head_size)
-    if (L, nh, hs) != (config.n_layer, config.n_head, config.head_size):
-        raise ValueError(f"the cache is another model's ({L} layers, {nh} heads of {hs}; this model has "
-                         f"{config.n_layer}, {config.n_head} of {config.head_size}): use this model's new_cache()")
-    if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.size(0) == T
-                                 and mask.size(1) >= T and mask.dtype == torch.bool):
-        got = f"{tuple(mask.shape)} {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise ValueError(f"mask must be a ({T}, W >= {T}) bool tensor, got {got}")
-    lengths = torch.zeros(B, dtype=torch.int64) if cache is None else cache.lengths  # (B,)
-    if mask is not None and mask.size(1) - T > int(lengths.min()):
-        raise ValueError(f"the mask's window reaches {mask.size(1) - T} cached positions back, but a row of the "
-                         f"cache holds {int(lengths.min())}")
-    if int(lengths.max()) + T > config.n_ctx:
-        raise ValueError(f"{int(lengths.max()) + T} tokens do not fit GPT-2's context window of {config.n_ctx}: "
+    if cache is not None:
+        L, rows, nh, _, hs = cache.k.shape  # (L, B, nh, S, hs)
+        if (cache.k.dtype, cache.k.device) != (model.dtype, model.device):
+            raise ValueError(f"the cache holds {cache.k.dtype} on {cache.k.device}, the model is {model.dtype} on "
+                             f"{model.device}: use model.new_cache()")
+        if rows != B:
+            raise ValueError(f"the cache holds {rows} rows but input_ids has {B}: use model.new_cache({B})")
+        if (L, nh, hs) != (config.n_layer, config.n_head, config.head_size):
+            raise ValueError(f"the cache is another model's ({L} layers, {nh} heads of {hs}; this model has "
+                             f"{config.n_layer}, {config.n_head} of {config.head_size}): use this model's "
+                             "new_cache()")
+    if mask is not None:
+        if not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.size(0) == T and mask.size(1) >= T
+                and mask.dtype == torch.bool):
+            got = f"{tuple(mask.shape)} {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"mask must be a ({T}, W >= {T}) bool tensor, got {got}")
+        shortest = 0 if cache is None else int(cache.lengths.min())
+        if mask.size(1) - T > shortest:
+            raise ValueError(f"the mask's window reaches {mask.size(1) - T} cached positions back, but a row of the "
+                             f"cache holds {shortest}")
+    longest = 0 if cache is None else int(cache.lengths.max())
+    if longest + T > config.n_ctx:
+        raise ValueError(f"{longest + T} tokens do not fit GPT-2's context window of {config.n_ctx}: "
                          "use a shorter prompt or fewer new tokens")
     if cache is not None:
         cache.check_room(T)
