@@ -43,18 +43,15 @@ def is_model_folder(source: str | Path) -> bool:
 
 
 def is_folder(path: str | Path) -> bool:
-    """`Path.is_dir`, but False rather than an OSError for a name the file
-    system refuses to look up (longer than 255 bytes, say)."""
-    try:
-        return Path(path).is_dir()
-    except (OSError, ValueError):
-        return False
+    return looked_up(Path(path).is_dir)
 
 
-def is_file(path: Path) -> bool:
-    """`Path.is_file`, but False rather than an OSError (see `is_folder`)."""
+def looked_up(check: Callable[[], bool]) -> bool:
+    """`check()` (a path's `is_dir` or `is_file`), but False rather than an
+    OSError for a name the file system refuses to look up (longer than 255
+    bytes, say)."""
     try:
-        return path.is_file()
+        return check()
     except (OSError, ValueError):
         return False
 
@@ -191,7 +188,7 @@ def ask_hub(request: Callable[[], object], repo_id: str, filename: str, folder: 
                                 "unset it to download, or pass a local model folder") from None
     except HfHubHTTPError as e:  # the Hub answered, with an error
         status = None if e.response is None else e.response.status_code
-        fix = HTTP_FIXES.get(status, "try again later") if status is None or status < 500 else "try again later"
+        fix = HTTP_FIXES.get(status, "try again later")  # 5xx: the Hub's own trouble
         raise ValueError(f"the Hugging Face Hub answered {status} for {filename} of '{repo_id}': {fix}") from None
     except OSError as e:
         if e.errno in DISK_ERRNOS:  # writing the file failed, not the network
@@ -283,7 +280,7 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
                 f"{folder} has no config.json: a model folder needs config.json and model.safetensors "
                 "(as downloaded from the Hugging Face Hub)"
             )
-        if is_file(folder):
+        if looked_up(folder.is_file):
             raise FileNotFoundError(f"{folder} is a file, not a model folder: pass the folder that holds "
                                     f"config.json and model.safetensors, such as {folder.parent}")
         raise FileNotFoundError(f"model folder {folder} does not exist: check the path, or pass a Hub repo id "
