@@ -40,7 +40,8 @@ BLOCK_PARAMETERS = (  # per block, in BlockPointers order
     "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
 )
 MATRIX_SLOTS = (2, 4, 8, 10)  # the weight matrices among a block's BLOCK_PARAMETERS
-BLOCK_KINDS = (nn.LayerNorm, nn.Linear, nn.Linear, nn.LayerNorm, nn.Linear, nn.Linear)  # ln_1, c_attn, ... mlp.c_proj
+# The class of each module of a block the kernels stand in for: the block, attn, mlp, then ln_1, c_attn, ... mlp.c_proj
+BLOCK_KINDS = (Block, CausalSelfAttention, MLP, nn.LayerNorm, nn.Linear, nn.Linear, nn.LayerNorm, nn.Linear, nn.Linear)
 
 
 class BlockPointers(ctypes.Structure):
@@ -293,7 +294,7 @@ class FastGPT2:
             attn, mlp = parts["attn"], parts["mlp"]
             modules = (parts["ln_1"], attn._modules["c_attn"], attn._modules["c_proj"], parts["ln_2"],
                        mlp._modules["c_fc"], mlp._modules["c_proj"])
-            if not all(map(stock, (block, attn, mlp, *modules), (Block, CausalSelfAttention, MLP, *BLOCK_KINDS))):
+            if not all(map(stock, (block, attn, mlp, *modules), BLOCK_KINDS)):
                 return None
             for module in modules:
                 tensors += (module._parameters["weight"], module._parameters["bias"])
