@@ -209,7 +209,8 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     comparison = None
     if args.compare and not interrupted:
         try:
-            target_steps.append(target_step_seconds(target, torch.tensor([prompt_ids + stream.tokens], device=device)))
+            text_ids = torch.tensor([prompt_ids + stream.tokens], device=device)  # (1, prompt + new tokens)
+            target_steps.append(target_step_seconds(target, text_ids))
             comparison = compare_with_target_alone(
                 args, sampling, target, input_ids, tokenizer, stats, stream.tokens, timings, target_steps
             )
