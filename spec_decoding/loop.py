@@ -172,7 +172,6 @@ def speculative_generate(
     while S < max_len:
         # The step emits at most K + 1 tokens: K shrinks near the end.
         K = min(schedule.choose(), max_len - S - 1, drafter.max_draft(S))
-        stats.gamma_hist[K] += 1
 
         t0 = clock(device)
         if K > 0:
@@ -206,6 +205,7 @@ def speculative_generate(
 
         emitted_drafts = min(verdict.num_accepted, len(new))  # fewer if an accepted draft was end-of-text
         stats.record_step(drafted, emitted_drafts, target_token=len(new) > emitted_drafts)
+        stats.gamma_hist[K] += 1  # counted with the step's other figures, once it is done
         schedule.update(drafted, verdict.num_accepted)
         stats.draft_calls += proposal.forward_calls
         stats.draft_seconds += t1 - t0

@@ -130,7 +130,6 @@ def tree_speculative_generate(
         # [S, S + nodes); the draft, which is never fed the deepest level, stops growing the tree at its own window.
         max_depth = min(shape.max_depth, max_len - S - 1, drafter.max_depth(S))
         max_nodes = target.config.n_ctx - S
-        stats.gamma_hist[max_depth] += 1
 
         t0 = clock(device)
         proposal: TreeDraft | None = None
@@ -168,6 +167,7 @@ def tree_speculative_generate(
         last = verdict.nodes[emitted - 1] if emitted else 0
         judged = emitted + int(target_token and bool(tree_now.children(last)))
         stats.record_tree_step(tree_now.size - 1, verdict.ranks[:emitted], judged, target_token)
+        stats.gamma_hist[max_depth] += 1  # counted with the step's other figures, once it is done
         stats.draft_calls += 0 if proposal is None else proposal.forward_calls
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1

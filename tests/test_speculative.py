@@ -293,6 +293,29 @@ def test_a_model_drafter_can_be_reused_across_runs(target, drafts):
     assert again == first == sample_run(target, drafts["perturbed"], seed=5)[0]
 
 
+@pytest.mark.parametrize("tree", [None, "2,1"])
+def test_a_run_stopped_mid_step_counts_only_the_steps_it_finished(target, drafts, tree):
+    # Ctrl-C lands anywhere: here in the third step's verification (the target's 4th call, after the
+    # prefill). The stats passed in describe the two finished steps, gamma_hist with the rest.
+    calls = []
+
+    def interrupt_fourth_call(module, args):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+
+    stats = SpecStats(2, tree="2,1") if tree else SpecStats(3)
+    handle = target.register_forward_pre_hook(interrupt_fourth_call)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            speculative_generate(target, drafts["perturbed"], prompt(), gamma=None if tree else 3, tree=tree,
+                                 max_new_tokens=NEW_TOKENS, stats=stats)
+    finally:
+        handle.remove()
+    assert stats.target_calls == sum(stats.accepted_hist) == 2
+    assert sum(stats.gamma_hist) == 2, stats.gamma_hist
+
+
 def test_sampling_with_the_target_as_its_own_draft_accepts_almost_everything(target):
     # p_draft and p_target are the same model's distributions, equal up to
     # float rounding (the draft scores one token at a time, the target K + 1
