@@ -52,14 +52,19 @@ def read_mergeable_ranks(vocab_json: Path, merges_txt: Path) -> dict[bytes, int]
     char_to_byte = {ch: b for b, ch in byte_to_vocab_char().items()}
     try:
         vocab = json.loads(Path(vocab_json).read_text(encoding="utf-8"))
-        merges = Path(merges_txt).read_text(encoding="utf-8").splitlines()
         ranks = {
             bytes(char_to_byte[ch] for ch in token): i for token, i in vocab.items() if token != END_OF_TEXT
         }
     except OSError as e:
-        raise ValueError(f"cannot read {e.filename or vocab_json} ({e.strerror}): check its permissions") from None
+        raise ValueError(f"cannot read {vocab_json} ({e.strerror}): check its permissions") from None
     except (ValueError, KeyError, AttributeError, TypeError, RecursionError) as e:  # JSON's errors are ValueErrors
         raise ValueError(f"{vocab_json} is not a GPT-2 vocab.json ({type(e).__name__}): download it again") from None
+    try:
+        merges = Path(merges_txt).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise ValueError(f"cannot read {merges_txt} ({e.strerror}): check its permissions") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{merges_txt} is not a GPT-2 merges.txt (not UTF-8 text): download it again") from None
     merges = [line for line in merges if line and not line.startswith("#version")]
     # Each merge "a b" of rank r must have created the token a+b with id 256 + r.
     for r in (0, len(merges) // 2, len(merges) - 1):
@@ -71,6 +76,10 @@ def read_mergeable_ranks(vocab_json: Path, merges_txt: Path) -> dict[bytes, int]
     if not all(type(i) is int for i in ids) or len(ids) != END_OF_TEXT_ID or set(ids) != set(range(END_OF_TEXT_ID)):
         raise ValueError(f"{vocab_json} is not a GPT-2 vocab.json (its ids are not 0, 1, ..., "
                          f"{END_OF_TEXT_ID - 1} each once, then end-of-text): download it again")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]  # every text must be spellable byte by byte
+    if missing:
+        raise ValueError(f"{vocab_json} is not a GPT-2 vocab.json (it lacks the token of byte {missing[0]}, one "
+                         "of the 256 single bytes): download it again")
     return ranks
 
 

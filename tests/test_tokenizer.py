@@ -161,6 +161,23 @@ def test_a_vocab_json_that_cannot_be_read_says_so(model_folder, monkeypatch):
         load_tokenizer(model_folder)
 
 
+def test_a_vocab_json_without_a_single_byte_token_raises_value_error(tmp_path, model_folder):
+    # Every id still there once, but "H" renamed: text with that byte could not be encoded (tiktoken panicked).
+    vocab = json.loads((model_folder / "vocab.json").read_text(encoding="utf-8"))
+    vocab["Hzzq"] = vocab.pop("H")
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    shutil.copyfile(model_folder / "merges.txt", tmp_path / "merges.txt")
+    with pytest.raises(ValueError, match=r"vocab.json is not a GPT-2 vocab.json \(it lacks the token of byte 72, one of"):
+        load_tokenizer(tmp_path)
+
+
+def test_a_merges_txt_that_is_not_text_is_named(tmp_path, model_folder):
+    shutil.copyfile(model_folder / "vocab.json", tmp_path / "vocab.json")
+    (tmp_path / "merges.txt").write_bytes((model_folder / "merges.txt").read_bytes() + b"\xe9")
+    with pytest.raises(ValueError, match=r"merges.txt is not a GPT-2 merges.txt \(not UTF-8 text\): download it"):
+        load_tokenizer(tmp_path)
+
+
 @pytest.mark.parametrize("text", ["{not json", "[" * 100_000], ids=["not JSON", "nested past the recursion limit"])
 def test_a_vocab_json_that_is_not_json_raises_value_error(tmp_path, model_folder, text):
     (tmp_path / "vocab.json").write_text(text, encoding="utf-8")
