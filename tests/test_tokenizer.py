@@ -167,7 +167,7 @@ def test_a_vocab_json_without_a_single_byte_token_raises_value_error(tmp_path, m
     vocab["Hzzq"] = vocab.pop("H")
     (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     shutil.copyfile(model_folder / "merges.txt", tmp_path / "merges.txt")
-    with pytest.raises(ValueError, match=r"vocab.json is not a GPT-2 vocab.json \(it lacks the token of byte 72, one of"):
+    with pytest.raises(ValueError, match=r"vocab.json is not a GPT-2 vocab.json \(it lacks the token of byte 72"):
         load_tokenizer(tmp_path)
 
 
