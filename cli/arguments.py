@@ -289,24 +289,36 @@ def check_tree(args: argparse.Namespace):
     return None
 
 
+def unicode_text(text: str, what: str) -> str:
+    """`text`, or a ValueError naming `what` if it is not Unicode text: bytes
+    that were not UTF-8 reach Python as lone surrogates (on the command line,
+    and on stdin under a C or POSIX locale), which the tokenizer would
+    silently replace with U+FFFD, continuing another prompt."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not UTF-8 text: save or type it as UTF-8") from None
+    return text
+
+
 def read_prompt(args: argparse.Namespace) -> str:
     """The prompt text: --prompt (by default GPT-2's unicorn prompt), or stdin
-    for '-'. Raises ValueError if empty."""
+    for '-'. Raises ValueError if empty or not UTF-8 text."""
     if args.prompt is None:
         return DEFAULT_PROMPT
     if args.prompt != "-":
         if args.prompt == "":
             raise ValueError("the prompt is empty: pass some text with --prompt, or '-p -' to read it from stdin")
-        return args.prompt
+        return unicode_text(args.prompt, "the --prompt text")
     if sys.stdin is None:  # started with stdin closed
         raise ValueError("'-p -' reads the prompt from stdin, but stdin is closed: pipe some text in, or pass it "
                          "with --prompt")
     if sys.stdin.isatty():
         print("reading the prompt from stdin; end it with Ctrl-D", file=sys.stderr)
     try:
-        text = sys.stdin.read()
+        text = unicode_text(sys.stdin.read(), "the prompt read from stdin")
     except UnicodeDecodeError:
-        raise ValueError("the prompt read from stdin is not UTF-8 text") from None
+        raise ValueError("the prompt read from stdin is not UTF-8 text: save or type it as UTF-8") from None
     if text.endswith("\n"):  # `echo text |` adds one
         text = text[:-2] if text.endswith("\r\n") else text[:-1]
     if text == "":
@@ -361,5 +373,6 @@ def read_prompts_file(path: str) -> list[tuple[int, str]]:
             prompt = record.get("prompt") if isinstance(record, dict) else None
             if not isinstance(prompt, str) or not prompt:
                 raise ValueError(f'line {number} of {path} has no "prompt" text: write {{"prompt": "..."}}')
+            unicode_text(prompt, f"the prompt of line {number} of {path}")  # JSON can escape a lone surrogate
         prompts.append((number, prompt))
     return prompts

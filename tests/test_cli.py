@@ -735,6 +735,25 @@ def test_a_closed_or_undecodable_stdin(capsys, monkeypatch):
     assert_bad_input(run_main(capsys, "-p", "-"), "'-p -' reads the prompt from stdin, but stdin is closed")
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9\n"), encoding="utf-8"))
     assert_bad_input(run_main(capsys, "-p", "-"), "the prompt read from stdin is not UTF-8 text")
+    # Under a C or POSIX locale Python's stdin keeps such bytes as lone surrogates instead of raising.
+    undecodable = io.TextIOWrapper(io.BytesIO(b"caf\xe9\n"), encoding="utf-8", errors="surrogateescape")
+    monkeypatch.setattr(sys, "stdin", undecodable)
+    assert_bad_input(run_main(capsys, "-p", "-"), "the prompt read from stdin is not UTF-8 text")
+
+
+def test_a_prompt_argument_that_is_not_utf8_is_refused(capsys):
+    # Bytes of a command-line argument that are not UTF-8 reach Python as lone surrogates, on every locale;
+    # the tokenizer would replace them with U+FFFD and continue another prompt.
+    assert_bad_input(run_main(capsys, "-p", "caf\udce9"), "the --prompt text is not UTF-8 text")
+
+
+def test_a_prompt_from_stdin_that_is_not_utf8_in_a_real_process_under_the_c_locale(tmp_path):
+    env = cli_env(tmp_path, None) | {"LC_ALL": "C"}
+    env.pop("PYTHONIOENCODING")
+    result = subprocess.run([sys.executable, str(SCRIPT), "-p", "-"], cwd=REPO_ROOT, env=env, input=b"caf\xe9\n",
+                            capture_output=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.decode() == "error: the prompt read from stdin is not UTF-8 " \
+        "text: save or type it as UTF-8\n", result.stderr.decode()
 
 
 def test_a_bad_value_in_a_real_process_is_one_line_and_exit_code_2(tmp_path):
@@ -911,12 +930,13 @@ def test_jsonl_and_json_give_one_object_per_prompt_whatever_the_batch_size(tmp_p
         ("Hello\n" + "hello " * 200 + "\n", [], "line 2 of {path}: the prompt has 201 tokens but the context window"),
         ('{"prompt": "Hello"}\n{"text": "world"}\n', [], 'line 2 of {path} has no "prompt" text'),
         ('{"prompt": "Hello"}\n{"prompt": \n', [], "line 2 of {path} is not JSON"),
+        ('{"prompt": "caf\\udce9"}\n', [], "the prompt of line 1 of {path} is not UTF-8 text"),
         ("Hello\n", ["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
         ("Hello\n", ["-p", "Hi"], "give --prompt or --prompts-file, not both"),
         ("Hello\n", ["--compare"], "--compare works with one --prompt"),
     ],
-    ids=["empty-file", "empty-line", "line-too-long", "jsonl-no-prompt", "jsonl-broken", "batch-size-0",
-         "prompt-and-file", "compare"],
+    ids=["empty-file", "empty-line", "line-too-long", "jsonl-no-prompt", "jsonl-broken", "jsonl-surrogate",
+         "batch-size-0", "prompt-and-file", "compare"],
 )
 def test_bad_prompts_files(tmp_path, capsys, folders, single_thread, content, args, message):
     path = tmp_path / "prompts.txt"
