@@ -7,7 +7,8 @@ and the target model all go through `logits_to_probs`, so that in speculative
 sampling the draft's p_draft and the target's p_target are processed exactly
 alike (the lossless guarantee holds for the filtered target distribution).
 Filters apply in the order Hugging Face applies them: temperature, then top-k,
-then top-p (nucleus sampling, Holtzman et al. 2020).
+then top-p (nucleus sampling, Holtzman et al. 2020); top-k ranks the logits
+before the division, which keeps the same tokens and cannot round them to ties.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch
 # overflow float32 (for 1e-39, every logit becomes +-inf and the softmax NaN),
 # and at 1e-4 a logit gap of 0.01 is already a factor e^100.
 GREEDY_BELOW_TEMPERATURE = 1e-4
+# Logits are divided by the temperature in float32, where a larger one is infinite (every logit 0, or NaN).
+MAX_TEMPERATURE = torch.finfo(torch.float32).max
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,11 @@ class SamplingConfig:
             isinstance(self.temperature, bool)
             or not isinstance(self.temperature, numbers.Real)
             or not finite
-            or self.temperature < 0
+            or not 0 <= self.temperature <= MAX_TEMPERATURE
         ):
-            raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+            raise ValueError(
+                f"temperature must be a number >= 0 (0 = greedy) and <= {MAX_TEMPERATURE:.3g}, got {self.temperature!r}"
+            )
         object.__setattr__(self, "temperature", float(self.temperature))  # torch cannot divide by an int past 64 bits
         if self.top_k is not None:
             try:
@@ -89,11 +94,11 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
         V = logits.size(-1)
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), V).float()  # (..., V)
 
-    logits = logits / config.temperature
     if config.top_k is not None and config.top_k < logits.size(-1):
+        # On the logits as given: dividing by a huge temperature could round distinct logits to one value.
         kth_best = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]  # (..., 1)
         logits = logits.masked_fill(logits < kth_best, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)  # (..., V)
+    probs = torch.softmax(logits / config.temperature, dim=-1)  # (..., V)
 
     if config.top_p is not None and config.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # (..., V) each

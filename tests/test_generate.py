@@ -154,6 +154,7 @@ def test_bad_max_new_tokens_raises_value_error(models, max_new_tokens):
         ({"temperature": float("nan")}, "temperature must be a number >= 0"),
         ({"temperature": float("inf")}, "temperature must be a number >= 0"),
         ({"temperature": 2**1024}, "temperature must be a number >= 0"),  # an int past float's range
+        ({"temperature": 1e39}, r"temperature must be a number >= 0 \(0 = greedy\) and <= 3.4e\+38, got 1e\+39"),
         ({"temperature": 1.0, "top_k": 0}, "top_k must be an integer >= 1"),
         ({"temperature": 1.0, "top_k": 2.5}, "top_k must be an integer >= 1"),
         ({"temperature": 1.0, "top_p": 0.0}, r"top_p must be in \(0, 1\]"),
@@ -169,8 +170,8 @@ def test_bad_sampling_settings_raise_value_error(models, setting, match):
 def test_an_integer_temperature_past_64_bits_samples_like_its_float(models):
     # torch cannot divide float logits by such an int ("int too big to convert"): the config keeps a float
     ours, _ = models
-    assert SamplingConfig(2**1000).temperature == float(2**1000) and SamplingConfig(1).temperature == 1.0
-    out = generate(ours, prompt(), 5, temperature=2**1000, generator=torch.Generator().manual_seed(0))
+    assert SamplingConfig(2**100).temperature == float(2**100) and SamplingConfig(1).temperature == 1.0
+    out = generate(ours, prompt(), 5, temperature=2**100, generator=torch.Generator().manual_seed(0))
     assert out.shape == (1, prompt().size(1) + 5)
 
 
@@ -204,6 +205,15 @@ def test_temperature_divides_the_logits():
     cold = logits_to_probs(logits, SamplingConfig(temperature=0.5))
     hot = logits_to_probs(logits, SamplingConfig(temperature=3.0))
     assert cold[2] > hot[2]
+
+
+def test_top_k_keeps_k_tokens_at_the_largest_temperature():
+    # Divided by 3e38, 1e-7 and 2e-7 both round to 0 in float32: top-k ranks the logits as given, not the divided ones.
+    logits = torch.tensor([1e-7, 2e-7, 0.0, float("-inf")])
+    probs = logits_to_probs(logits, SamplingConfig(temperature=3e38, top_k=1))
+    assert probs.tolist() == [0.0, 1.0, 0.0, 0.0]
+    probs = logits_to_probs(logits, SamplingConfig(temperature=3e38, top_k=3))
+    assert torch.allclose(probs, torch.tensor([1 / 3, 1 / 3, 1 / 3, 0.0]))  # the masked token stays impossible
 
 
 @pytest.mark.parametrize("k, expected", [(1, {1}), (2, {1, 3}), (3, {0, 1, 3}), (4, {0, 1, 2, 3}), (10, {0, 1, 2, 3})])
