@@ -76,6 +76,7 @@ PASSES = {  # B, prompt length, new tokens, mask
     "16 new tokens": (1, 9, 16, None),
     "a batch": (2, 9, 3, None),
     "a token tree": (1, 9, 15, "tree"),
+    "a token tree in chunks": (1, 9, MAX_NEW_TOKENS + 36, "tree"),
     "a long prefill in chunks": (1, 2 * MAX_NEW_TOKENS + 20, 1, None),
 }
 
@@ -139,6 +140,21 @@ def test_a_position_has_the_same_bits_in_a_step_a_verification_and_a_batch(fast_
     for b, row in enumerate(rows):
         (_, alone), _ = run(model, row, next_tokens[b : b + 1])
         assert torch.equal(together[b : b + 1], alone), b
+
+
+def test_a_tree_larger_than_one_kernel_call_keeps_the_bits_of_its_paths(fast_kernels):
+    # 100 nodes go in two kernel calls: each node's logits are the bits of its path from the root fed as a chain.
+    model = fast.accelerate(new_model())
+    T = 100
+    assert T > MAX_NEW_TOKENS
+    prompt, new = ids(1, 9, 1), ids(1, T, 2)
+    (_, tree_logits), _ = run(model, prompt, new, mask=binary_tree_mask(T))  # node i's parent: (i - 1) // 2
+    for node in (T - 1, MAX_NEW_TOKENS, MAX_NEW_TOKENS - 1, 40):
+        path = [node]
+        while path[-1] > 0:
+            path.append((path[-1] - 1) // 2)
+        (_, chain), _ = run(model, prompt, new[:, path[::-1]])
+        assert torch.equal(tree_logits[0, node], chain[0, -1]), node
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
@@ -372,7 +388,8 @@ def test_passes_it_cannot_take_run_the_readable_code(fast_kernels):
         cache = model.new_cache()
         assert model.accelerator.takes(model, x, cache, None)
         assert model.accelerator.takes(model, x, None, None)  # no KV cache: a scratch one
-        assert not model.accelerator.takes(model, model.wte(ids(1, 70, 1)), cache, binary_tree_mask(70))  # mask too big
+        assert model.accelerator.takes(model, model.wte(ids(1, 70, 1)), cache, binary_tree_mask(70))  # in chunks
+        assert not model.accelerator.takes(model, x, cache, binary_tree_mask(9).to("meta"))  # a mask off the CPU
     model.requires_grad_(True)
     x = model.wte(prompt)
     assert not model.accelerator.takes(model, x, model.new_cache(), None)  # gradients are recorded

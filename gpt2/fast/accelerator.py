@@ -6,13 +6,13 @@ Legend: B = rows, T = new tokens per row, N = B * T, C = n_embd, V = vocab, L = 
 
 `FastGPT2` sits at the model's seam, `GPT2.accelerator`. It takes every pass
 it computes the same way as the readable path (CPU, float32, no gradient or
-autocast, the stock modules without hooks, widths that are multiples of 8, a
-tree mask over at most MAX_NEW_TOKENS tokens) and returns None for the rest; a
-long prefill goes in chunks. It owns its weight copies (float32, or int8 where
-the model was quantised) and a table of pointers for blocks.c, and before
-every pass packs again any parameter whose tensor, storage or version changed,
-so a copy never goes stale (an edit through `.data` is the exception:
-`gpt2.fast.accelerate`). A deep copy of the model gets its own; a pickle none.
+autocast, the stock modules without hooks, widths that are multiples of 8)
+and returns None for the rest; a long pass (a prefill, a large tree) goes in
+chunks. It owns its weight copies (float32, or int8 where the model was
+quantised) and a table of pointers for blocks.c, and before every pass packs
+again any parameter whose tensor, storage or version changed, so a copy never
+goes stale (an edit through `.data` is the exception: `gpt2.fast.accelerate`).
+A deep copy of the model gets its own; a pickle none.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .quantize import dequantize_rows, quantize_rows_int8
 from .threads import ThreadChooser
 
 # Tokens per row in one kernel call: a verification pass, a token tree, a
-# prefill chunk. (Per-thread scores take T * (P + T) floats.)
+# chunk of a longer pass. (Per-thread scores take T * (P + T) floats.)
 MAX_NEW_TOKENS = 64
 BLOCK_PARAMETERS = (  # per block, in BlockPointers order
     "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
@@ -216,11 +216,13 @@ class FastGPT2:
         mask_bytes = None if mask is None else mask.to(torch.uint8).contiguous()  # (T, W)
 
         def forward() -> torch.Tensor:
-            chunks = -(-T // MAX_NEW_TOKENS)  # one call, or a long prefill in chunks of equal size
+            chunks = -(-T // MAX_NEW_TOKENS)  # one call, or a long pass (a prefill, a large tree) in equal chunks
             bounds = [T * i // chunks for i in range(chunks + 1)]
             for t0, t1 in zip(bounds, bounds[1:]):
                 chunk = out if t1 - t0 == T else out[:, t0:t1].contiguous()  # (B, t1 - t0, C)
-                self.run_blocks(model, table, chunk, cache, cache.lengths + t0, mask_bytes)
+                # Its mask: its rows, over the window's cached keys, the earlier chunks (cached by now) and itself.
+                chunk_mask = None if mask_bytes is None else mask_bytes[t0:t1, : mask_bytes.size(1) - T + t1]
+                self.run_blocks(model, table, chunk, cache, cache.lengths + t0, chunk_mask)
                 if chunk is not out:
                     out[:, t0:t1] = chunk
             return self.head(model, out[:, -1:, :] if last_logits_only else out)  # (B, 1 or T, V)
@@ -228,9 +230,8 @@ class FastGPT2:
         return forward() if self.threads is None else self.threads.run(B * T, forward)
 
     def takes(self, model: GPT2, x: torch.Tensor, cache: KVCache | None, mask: torch.Tensor | None) -> bool:
-        """CPU float32 input and cache, no autocast, no gradient to record,
-        widths the kernels take, and a mask only over at most MAX_NEW_TOKENS
-        tokens."""
+        """CPU float32 input, cache and mask, no autocast, no gradient to
+        record, and widths the kernels take."""
         if not (x.is_cpu and x.dtype == torch.float32) or autocast_on():
             return False
         if cache is not None and not (
@@ -238,7 +239,7 @@ class FastGPT2:
         ):
             return False
         B, T, C = x.shape
-        if C % 8 or (C // model.config.n_head) % 8 or (mask is not None and T > MAX_NEW_TOKENS):
+        if C % 8 or (C // model.config.n_head) % 8 or (mask is not None and not mask.is_cpu):
             return False
         return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in model.parameters())))
 
@@ -253,6 +254,7 @@ class FastGPT2:
         scratch = torch.empty(9 * B * T * C)  # qkv (3C), y (C), x2 (C), h (4C) per row
         k, v = cache.k, cache.v  # (L, B, nh, S, hs) x 2
         starts = starts.to(torch.int64).contiguous()  # (B,)
+        mask = None if mask is None else mask.contiguous()  # (T, W) bytes, rows of W
         self.kernels.blocks(
             table, model.config.n_layer, x.data_ptr(), scratch.data_ptr(),
             B, T, C, model.config.n_head, model.config.layer_norm_epsilon,
