@@ -350,6 +350,16 @@ def with_adapter(m: GPT2) -> None:
     m.h[0].attn.c_proj.load_state_dict(old.state_dict())
 
 
+def with_wider_mlp(m: GPT2) -> None:
+    # Stock Linear modules, but 8C wide where the config (and blocks.c) says 4C.
+    g = torch.Generator().manual_seed(3)
+    C, mlp = m.config.n_embd, m.h[0].mlp
+    mlp.c_fc, mlp.c_proj = torch.nn.Linear(C, 8 * C), torch.nn.Linear(8 * C, C)
+    with torch.no_grad():
+        for p in (*mlp.c_fc.parameters(), *mlp.c_proj.parameters()):
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+
+
 CHANGED_MODULES = {
     "a forward hook on a block": lambda m: m.h[1].register_forward_hook(lambda mod, args, out: out * 0.5),
     "a pre-hook on an MLP": lambda m: m.h[0].mlp.register_forward_pre_hook(lambda mod, args: (args[0] + 1.0,)),
@@ -360,6 +370,9 @@ CHANGED_MODULES = {
     "a parametrization": lambda m: torch.nn.utils.parametrize.register_parametrization(
         m.h[0].attn.c_proj, "weight", Doubled()),
     "a Linear subclass": with_adapter,
+    "a forward of its own": lambda m: setattr(m.h[1].mlp, "forward", lambda x: torch.zeros_like(x)),
+    "a wider MLP": with_wider_mlp,
+    "a layer norm epsilon of its own": lambda m: setattr(m.h[0].ln_1, "eps", 0.5),
 }
 
 
@@ -378,6 +391,15 @@ def test_hooks_and_changed_modules_are_run_by_the_readable_code(fast_kernels, ch
             handle.remove()  # a global hook would reach every later test
     assert max_diff(slow_after, slow) > 1e-2, "the change must change the model"
     assert torch.equal(quick_after, slow_after)
+
+
+def test_an_embedding_of_another_vocabulary_is_run_by_the_readable_code(fast_kernels):
+    # The kernels' LM head is as wide as the config's vocabulary: 7 more rows would be cut off (or, fewer, read past).
+    model = fast.accelerate(new_model())
+    V, C = CONFIG.vocab_size, CONFIG.n_embd
+    model.wte = torch.nn.Embedding(V + 7, C)
+    slow, quick = readable_and_fast(model, ids(1, 9, 1), ids(1, 3, 2))
+    assert quick.shape == slow.shape == (1, 3, V + 7) and torch.equal(quick, slow)
 
 
 def test_passes_it_cannot_take_run_the_readable_code(fast_kernels):

@@ -40,6 +40,8 @@ BLOCK_PARAMETERS = (  # per block, in BlockPointers order
     "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
 )
 MATRIX_SLOTS = (2, 4, 8, 10)  # the weight matrices among a block's BLOCK_PARAMETERS
+# Each block parameter's shape, in BLOCK_PARAMETERS order, in units of C = n_embd (1: C, 3: 3C; (3, 1): (3C, C))
+BLOCK_SHAPES = ((1,), (1,), (3, 1), (3,), (1, 1), (1,), (1,), (1,), (4, 1), (4,), (1, 4), (1,))
 # The class of each module of a block the kernels stand in for: the block, attn, mlp, then ln_1, c_attn, ... mlp.c_proj
 BLOCK_KINDS = (Block, CausalSelfAttention, MLP, nn.LayerNorm, nn.Linear, nn.Linear, nn.LayerNorm, nn.Linear, nn.Linear)
 
@@ -139,6 +141,9 @@ class FastGPT2:
         self.names = [f"h.{i}.{p}" for i in range(config.n_layer) for p in BLOCK_PARAMETERS]  # L * 12
         self.matrix_names = [self.names[12 * i + s] for i in range(config.n_layer) for s in MATRIX_SLOTS]
         self.matrix_names.append("wte.weight")  # the tied LM head
+        C = config.n_embd  # every parameter's shape, in `parameters_now` order
+        self.shapes = [torch.Size(C * n for n in shape) for shape in BLOCK_SHAPES] * config.n_layer
+        self.shapes += [torch.Size([C]), torch.Size([C]), torch.Size([config.vocab_size, C])]
         own_ordinary_tensors(model)
         weights = dict(model.named_parameters())
         self.packed: dict[str, PackedWeight] = {}
@@ -285,18 +290,21 @@ class FastGPT2:
         nn.Module costs 20x a dict lookup, and this runs at every pass).
         None unless every module the kernels stand in for is the stock one, as
         the readable path would run it: no forward hook (its own or a global
-        one), not replaced or subclassed (an adapter, a parametrization)."""
+        one), not replaced or subclassed (an adapter, a parametrization), no
+        forward of its own, a block's layer norms with the config's epsilon."""
         if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
             return None
         if len(model.h) != len(self.names) // 12:  # blocks added or cut since
             return None
-        tensors = []
+        eps, tensors = model.config.layer_norm_epsilon, []
         for block in model.h:
             parts = block._modules
             attn, mlp = parts["attn"], parts["mlp"]
             modules = (parts["ln_1"], attn._modules["c_attn"], attn._modules["c_proj"], parts["ln_2"],
                        mlp._modules["c_fc"], mlp._modules["c_proj"])
             if not all(map(stock, (block, attn, mlp, *modules), BLOCK_KINDS)):
+                return None
+            if modules[0].eps != eps or modules[3].eps != eps:  # blocks.c takes the config's epsilon
                 return None
             for module in modules:
                 tensors += (module._parameters["weight"], module._parameters["bias"])
@@ -320,6 +328,8 @@ class FastGPT2:
         if key == self.table_key:
             return self.table
         if not all(t is not None and kernel_readable(t) for t in tensors):
+            return None
+        if [t.shape for t in tensors] != self.shapes:  # a module or weight of another size put in
             return None
         matrices = [tensors[12 * i + s] for i in range(model.config.n_layer) for s in MATRIX_SLOTS] + [tensors[-1]]
         with torch.no_grad():
@@ -348,8 +358,11 @@ class FastGPT2:
 
 
 def stock(module: nn.Module, kind: type) -> bool:
-    """`module` is a `kind` itself (no subclass) with no forward hook of its own."""
-    return type(module) is kind and not (module._forward_hooks or module._forward_pre_hooks)
+    """`module` is a `kind` itself (no subclass) with no forward hook or
+    forward method of its own."""
+    return type(module) is kind and not (
+        module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__
+    )
 
 
 def autocast_on() -> bool:
