@@ -66,20 +66,23 @@ def read_mergeable_ranks(vocab_json: Path, merges_txt: Path) -> dict[bytes, int]
     except UnicodeDecodeError:
         raise ValueError(f"{merges_txt} is not a GPT-2 merges.txt (not UTF-8 text): download it again") from None
     merges = [line for line in merges if line and not line.startswith("#version")]
-    # Each merge "a b" of rank r must have created the token a+b with id 256 + r.
-    for r in (0, len(merges) // 2, len(merges) - 1):
-        parts = merges[r].split(" ") if merges else []
-        merged = bytes(char_to_byte.get(ch, 0) for ch in "".join(parts))
-        if len(parts) != 2 or ranks.get(merged) != 256 + r:
-            raise ValueError(f"{merges_txt} does not match {vocab_json}: take both from the same model folder")
     ids = list(ranks.values())  # tiktoken needs each id once, and decoding needs all of them
     if not all(type(i) is int for i in ids) or len(ids) != END_OF_TEXT_ID or set(ids) != set(range(END_OF_TEXT_ID)):
         raise ValueError(f"{vocab_json} is not a GPT-2 vocab.json (its ids are not 0, 1, ..., "
                          f"{END_OF_TEXT_ID - 1} each once, then end-of-text): download it again")
-    missing = [b for b in range(256) if bytes([b]) not in ranks]  # every text must be spellable byte by byte
-    if missing:
-        raise ValueError(f"{vocab_json} is not a GPT-2 vocab.json (it lacks the token of byte {missing[0]}, one "
-                         "of the 256 single bytes): download it again")
+    # GPT-2's first 256 ids are the single bytes, in the order of byte_to_vocab_char's characters ...
+    byte_order = sorted(char_to_byte.values(), key=lambda b: (ord(byte_to_vocab_char()[b]) >= 256, b))
+    for i, b in enumerate(byte_order):
+        if ranks.get(bytes([b])) != i:  # without every byte, some text could not be encoded
+            raise ValueError(f"{vocab_json} is not a GPT-2 vocab.json (id {i} is not the token of byte {b}): "
+                             "download it again")
+    # ... and each merge "a b" of rank r created the token a+b with id 256 + r.
+    tokens = {token: i for token, i in vocab.items() if token != END_OF_TEXT}
+    pairs = [line.split(" ") for line in merges]
+    if len(pairs) != END_OF_TEXT_ID - 256 or any(
+        len(pair) != 2 or tokens.get(pair[0] + pair[1]) != 256 + r for r, pair in enumerate(pairs)
+    ):
+        raise ValueError(f"{merges_txt} does not match {vocab_json}: take both from the same model folder")
     return ranks
 
 

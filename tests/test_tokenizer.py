@@ -124,7 +124,7 @@ def test_vocab_with_shifted_ids_raises_value_error(tmp_path, model_folder):
     shifted = {token: (i + 1) % len(vocab) for token, i in vocab.items()}
     (tmp_path / "vocab.json").write_text(json.dumps(shifted), encoding="utf-8")
     shutil.copyfile(model_folder / "merges.txt", tmp_path / "merges.txt")
-    with pytest.raises(ValueError, match="does not match"):
+    with pytest.raises(ValueError, match="is not a GPT-2 vocab.json"):
         load_tokenizer(tmp_path)
 
 
@@ -161,13 +161,32 @@ def test_a_vocab_json_that_cannot_be_read_says_so(model_folder, monkeypatch):
         load_tokenizer(model_folder)
 
 
-def test_a_vocab_json_without_a_single_byte_token_raises_value_error(tmp_path, model_folder):
-    # Every id still there once, but "H" renamed: text with that byte could not be encoded (tiktoken panicked).
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        # Every id still there once, but "H" renamed: text with that byte could not be encoded (tiktoken panicked).
+        (lambda v: {("Hzzq" if t == "H" else t): i for t, i in v.items()}, r"id 39 is not the token of byte 72"),
+        # "!" and '"' trade ids: every text with them would be other token ids than GPT-2's.
+        (lambda v: v | {"!": v['"'], '"': v["!"]}, r"id 0 is not the token of byte 33"),
+    ],
+    ids=["a byte missing", "two bytes swapped"],
+)
+def test_a_vocab_json_whose_byte_tokens_are_not_gpt2s_raises_value_error(tmp_path, model_folder, edit, match):
     vocab = json.loads((model_folder / "vocab.json").read_text(encoding="utf-8"))
-    vocab["Hzzq"] = vocab.pop("H")
-    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (tmp_path / "vocab.json").write_text(json.dumps(edit(vocab)), encoding="utf-8")
     shutil.copyfile(model_folder / "merges.txt", tmp_path / "merges.txt")
-    with pytest.raises(ValueError, match=r"vocab.json is not a GPT-2 vocab.json \(it lacks the token of byte 72"):
+    with pytest.raises(ValueError, match=r"vocab.json is not a GPT-2 vocab.json \(" + match):
+        load_tokenizer(tmp_path)
+
+
+def test_merged_tokens_that_trade_ids_raise_value_error(tmp_path, model_folder):
+    # Two tokens past the bytes swapped: the first and last merge still match, the ones in between do not.
+    vocab = json.loads((model_folder / "vocab.json").read_text(encoding="utf-8"))
+    by_id = {i: t for t, i in vocab.items()}
+    a, b = by_id[1000], by_id[30000]
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab | {a: 30000, b: 1000}), encoding="utf-8")
+    shutil.copyfile(model_folder / "merges.txt", tmp_path / "merges.txt")
+    with pytest.raises(ValueError, match="merges.txt does not match .*vocab.json: take both from the same model"):
         load_tokenizer(tmp_path)
 
 
