@@ -587,6 +587,8 @@ def target_step_seconds(target, input_ids, steps: int = 5) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if sys.stderr is None:  # started with stderr closed (2>&-): print would send progress and errors to stdout
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
     for stream in (sys.stdout, sys.stderr):  # --help and the text: a non-UTF-8 terminal shows '?', no crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")

@@ -324,6 +324,8 @@ def check_caches_fit(nbytes: int, fix: str) -> None:
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Runs `main(argv)`; a user mistake (ValueError, FileNotFoundError) becomes one line on stderr and exit code 2,
     never a traceback; Ctrl-C exit code 130."""
+    if sys.stderr is None:  # started with stderr closed (2>&-): print would send progress and errors to stdout
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
     try:
         return main(argv)
     except (ValueError, FileNotFoundError) as e:

@@ -22,6 +22,7 @@ import json
 import os
 import pty
 import re
+import shlex
 import struct
 import subprocess
 import sys
@@ -758,6 +759,15 @@ def test_a_prompt_from_stdin_that_is_not_utf8_in_a_real_process_under_the_c_loca
 
 def test_a_bad_value_in_a_real_process_is_one_line_and_exit_code_2(tmp_path):
     assert_bad_input(run_cli(tmp_path, "--top-k", "-3"), "--top-k must be an integer >= 1")
+
+
+def test_with_stderr_closed_nothing_meant_for_it_reaches_stdout(tmp_path):
+    # Python gives a process started with stderr closed (2>&-) sys.stderr = None, and print(file=None) writes to
+    # stdout, which --json promises holds one JSON object only.
+    command = shlex.join([sys.executable, str(SCRIPT), "--top-k", "-3"]) + " 2>&-"
+    done = subprocess.run(["bash", "-c", command], cwd=REPO_ROOT, env=cli_env(tmp_path), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
 
 
 def test_draft_and_target_with_different_vocabularies(capsys, folders, single_thread):

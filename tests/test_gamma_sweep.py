@@ -11,6 +11,7 @@ import importlib
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -403,6 +404,14 @@ def test_a_seed_past_64_bits_is_one_line_naming_seed(module, seed, capsys, tmp_p
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --seed must lie in -4611686018427387904..4611686018427387904") and "\n" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_with_stderr_closed_a_benchmark_keeps_its_errors_off_stdout():
+    # Python gives a process started with stderr closed (2>&-) sys.stderr = None, and print(file=None) writes to
+    # stdout, which carries the report.
+    command = shlex.join([sys.executable, "-m", "benchmarks.gamma_sweep", "--tiny", "--prompts", "0"]) + " 2>&-"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
 
 
 @pytest.mark.parametrize("module, option", [("gamma_sweep", "--simulate-acceptance"), ("decode_speed", "--busy"),
