@@ -49,7 +49,8 @@ def read_mergeable_ranks(vocab_json: Path, merges_txt: Path) -> dict[bytes, int]
     Raises:
         ValueError: the files are not a GPT-2 vocabulary or do not match.
     """
-    char_to_byte = {ch: b for b, ch in byte_to_vocab_char().items()}
+    byte_chars = byte_to_vocab_char()
+    char_to_byte = {ch: b for b, ch in byte_chars.items()}
     try:
         vocab = json.loads(Path(vocab_json).read_text(encoding="utf-8"))
         ranks = {
@@ -70,8 +71,8 @@ def read_mergeable_ranks(vocab_json: Path, merges_txt: Path) -> dict[bytes, int]
     if not all(type(i) is int for i in ids) or len(ids) != END_OF_TEXT_ID or set(ids) != set(range(END_OF_TEXT_ID)):
         raise ValueError(f"{vocab_json} is not a GPT-2 vocab.json (its ids are not 0, 1, ..., "
                          f"{END_OF_TEXT_ID - 1} each once, then end-of-text): download it again")
-    # GPT-2's first 256 ids are the single bytes, in the order of byte_to_vocab_char's characters ...
-    byte_order = sorted(char_to_byte.values(), key=lambda b: (ord(byte_to_vocab_char()[b]) >= 256, b))
+    # GPT-2's first 256 ids are the single bytes: those that stand for themselves, then the shifted ones ...
+    byte_order = sorted(range(256), key=lambda b: (ord(byte_chars[b]) >= 256, b))
     for i, b in enumerate(byte_order):
         if ranks.get(bytes([b])) != i:  # without every byte, some text could not be encoded
             raise ValueError(f"{vocab_json} is not a GPT-2 vocab.json (id {i} is not the token of byte {b}): "

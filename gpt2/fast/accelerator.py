@@ -40,8 +40,6 @@ BLOCK_PARAMETERS = (  # per block, in BlockPointers order
     "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
 )
 MATRIX_SLOTS = (2, 4, 8, 10)  # the weight matrices among a block's BLOCK_PARAMETERS
-# Each block parameter's shape, in BLOCK_PARAMETERS order, in units of C = n_embd (1: C, 3: 3C; (3, 1): (3C, C))
-BLOCK_SHAPES = ((1,), (1,), (3, 1), (3,), (1, 1), (1,), (1,), (1,), (4, 1), (4,), (1, 4), (1,))
 # The class of each module of a block the kernels stand in for: the block, attn, mlp, then ln_1, c_attn, ... mlp.c_proj
 BLOCK_KINDS = (Block, CausalSelfAttention, MLP, nn.LayerNorm, nn.Linear, nn.Linear, nn.LayerNorm, nn.Linear, nn.Linear)
 
@@ -141,9 +139,9 @@ class FastGPT2:
         self.names = [f"h.{i}.{p}" for i in range(config.n_layer) for p in BLOCK_PARAMETERS]  # L * 12
         self.matrix_names = [self.names[12 * i + s] for i in range(config.n_layer) for s in MATRIX_SLOTS]
         self.matrix_names.append("wte.weight")  # the tied LM head
-        C = config.n_embd  # every parameter's shape, in `parameters_now` order
-        self.shapes = [torch.Size(C * n for n in shape) for shape in BLOCK_SHAPES] * config.n_layer
-        self.shapes += [torch.Size([C]), torch.Size([C]), torch.Size([config.vocab_size, C])]
+        C, V = config.n_embd, config.vocab_size  # the sizes blocks.c reads: every parameter's shape, in order
+        block = [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,), (4 * C, C), (4 * C,), (C, 4 * C), (C,)]
+        self.shapes = [torch.Size(shape) for shape in block * config.n_layer + [(C,), (C,), (V, C)]]
         own_ordinary_tensors(model)
         weights = dict(model.named_parameters())
         self.packed: dict[str, PackedWeight] = {}
