@@ -12,6 +12,7 @@ and exp); a block wired wrong is off by more than 1e-2.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -536,7 +537,9 @@ print(fast.status(model))
 
 
 @pytest.mark.parametrize(
-    "compiler, expected", [("no-such-compiler-here", "no C compiler"), ("false", "building the C kernels failed")]
+    "compiler, expected",
+    [("no-such-compiler-here", "no C compiler"), ("false", "building the C kernels failed"),
+     ("true", "true` exited 0 but wrote no library")],
 )
 def test_without_a_working_compiler_it_falls_back_and_says_why(tmp_path, compiler, expected):
     if build.cpu_unsupported():
@@ -544,6 +547,37 @@ def test_without_a_working_compiler_it_falls_back_and_says_why(tmp_path, compile
     done = run_python(FALLBACK, tmp_path, CC=compiler)
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout and "readable path" in done.stdout
+
+
+ACCELERATED = """
+import torch
+from gpt2 import GPT2, GPT2Config, fast
+model = fast.accelerate(GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_ctx=8)).eval())
+with torch.inference_mode():
+    model(torch.tensor([[1, 2, 3]]), model.new_cache())
+print(fast.status(model))
+"""
+
+
+def test_a_library_damaged_in_the_cache_is_built_again(fast_kernels, tmp_path):
+    # A library cut short (a crash during its build, a partial copy of the cache) killed every later process
+    # in the system loader (SIGBUS): its digest no longer matches, so it is compiled again.
+    first = run_python(ACCELERATED, tmp_path)
+    assert first.returncode == 0 and "fast path" in first.stdout, first.stderr
+    (library,) = (tmp_path / "cache").glob("*.so")
+    library.write_bytes(library.read_bytes()[: library.stat().st_size * 2 // 5])
+    again = run_python(ACCELERATED, tmp_path)
+    assert again.returncode == 0 and "fast path" in again.stdout, (again.returncode, again.stderr)
+    assert build.intact(library)
+
+
+def test_cc_may_carry_arguments(fast_kernels, tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "cc -std=gnu11")  # as make takes it (ccache gcc, gcc -m64, ...)
+    assert build.compiler() == [shutil.which("cc"), "-std=gnu11"]
+    monkeypatch.setenv("CC", "")
+    assert build.compiler() == [shutil.which("cc")]
+    done = run_python(ACCELERATED, tmp_path, CC="cc -std=gnu11")
+    assert done.returncode == 0 and "fast path" in done.stdout, done.stderr
 
 
 def test_the_build_is_cached_by_its_recipe(fast_kernels, tmp_path, monkeypatch):
@@ -554,7 +588,8 @@ def test_the_build_is_cached_by_its_recipe(fast_kernels, tmp_path, monkeypatch):
     build.compile_library(cc, library)
     stamp = library.stat().st_mtime_ns
     assert build.library_path(cc) == library  # the same recipe, the same file: not compiled again
-    assert [p.name for p in tmp_path.iterdir()] == [library.name]  # no temporary file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([library.name, build.digest_path(library).name])
+    assert build.intact(library)  # and no temporary file left
     assert library.stat().st_mtime_ns == stamp
     umask = os.umask(0o022)
     os.umask(umask)
@@ -573,5 +608,5 @@ def test_avx512_builds_its_own_library_and_avx2_cpus_never_get_it(monkeypatch):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
         assert (set(build.AVX512_FLAGS) <= set(build.flags())) == (capability == "AVX512")
         assert set(build.FLAGS) <= set(build.flags())
-        paths[capability] = build.library_path("cc")
+        paths[capability] = build.library_path(["cc"])
     assert paths["AVX2"] != paths["AVX512"]

@@ -18,6 +18,7 @@ decoding reproduces greedy decoding bit for bit. Measured: docs/performance.md.
 from __future__ import annotations
 
 import os
+import shlex
 from typing import TYPE_CHECKING
 
 import torch
@@ -113,7 +114,7 @@ def unavailable(model: GPT2 | None) -> str | None:
     if unsupported:
         return unsupported
     if build.compiler() is None:
-        return f"no C compiler: `{os.environ.get('CC', 'cc')}` not found; install gcc or set CC"
+        return f"no C compiler: `{build.compiler_name()}` not found; install gcc or set CC"
     return None
 
 
@@ -138,7 +139,9 @@ def status(model: GPT2 | None = None) -> str:
         return f"{readable}: not accelerated (gpt2.fast.accelerate(model) would use the C kernels)"
     cc = build.compiler()
     try:
-        built = build.library_path(cc).exists()
+        library = build.library_path(cc)
+        built = library.exists() and build.intact(library)
     except OSError as e:  # a GPT2_KERNEL_CACHE the file system refuses to look into
         return f"{readable}: the kernel cache folder {build.cache_dir()} cannot be read ({e.strerror})"
-    return "fast path available: C kernels " + ("built" if built else f"to be compiled with {cc} on first use")
+    compile_with = f"to be compiled with {shlex.join(cc)} on first use"
+    return "fast path available: C kernels " + ("built" if built else compile_with)

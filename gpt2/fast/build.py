@@ -6,11 +6,13 @@ multiply-adds where the CPU has them) and OpenMP: no PyTorch
 headers, no build step at install time. They are compiled on first use with
 the system C compiler (`$CC`, else `cc`; about a second) into a cache folder,
 under a name made from a hash of everything that goes into them, so an
-edited source or another compiler builds anew and a second process never
-loads a half-written file.
+edited source or another compiler builds anew. Beside it goes the library's
+own SHA-256: a file that does not match (cut short by a crash or a partial
+copy of the cache, which would kill the process in the system loader) is
+built again, and a second process never loads a half-written file.
 
 Environment:
-    CC                 the C compiler (default `cc`)
+    CC                 the C compiler, possibly with arguments ("ccache gcc"; default `cc`)
     GPT2_KERNEL_CACHE  where the library goes (default $XDG_CACHE_HOME/gpt2-speculative,
                        else ~/.cache/gpt2-speculative)
 """
@@ -22,6 +24,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -70,9 +73,20 @@ def cpu_unsupported() -> str | None:
     return None
 
 
-def compiler() -> str | None:
-    """The C compiler's path, or None."""
-    return shutil.which(os.environ.get("CC", "cc"))
+def compiler() -> list[str] | None:
+    """The C compiler's command, its path first (`$CC` may carry arguments,
+    as in make), or None."""
+    try:
+        words = shlex.split(compiler_name())
+    except ValueError:  # unbalanced quotes
+        return None
+    path = shutil.which(words[0]) if words else None
+    return None if path is None else [path, *words[1:]]
+
+
+def compiler_name() -> str:
+    """`$CC` as given, else `cc` (an empty CC too)."""
+    return os.environ.get("CC", "").strip() or "cc"
 
 
 def flags() -> tuple[str, ...]:
@@ -80,37 +94,60 @@ def flags() -> tuple[str, ...]:
     return FLAGS + (AVX512_FLAGS if torch.backends.cpu.get_cpu_capability() == "AVX512" else ())
 
 
-def library_path(cc: str) -> Path:
+def library_path(cc: list[str]) -> Path:
     """Where the library built by `cc` from today's sources is (or will be)."""
     recipe = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
     recipe += repr((cc, flags(), LIBRARIES, platform.platform())).encode()
     return cache_dir() / f"gpt2-kernels-{hashlib.sha256(recipe).hexdigest()[:16]}.so"
 
 
-def compile_library(cc: str, library: Path) -> None:
-    """Compiles SOURCES into `library` (to a temporary name first, then renamed).
+def compile_library(cc: list[str], library: Path) -> None:
+    """Compiles SOURCES into `library` (to a temporary name first, then
+    renamed), then writes its digest beside it (`digest_path`).
 
     Raises:
-        RuntimeError: the compiler failed; the message has its last line.
+        RuntimeError: the compiler failed (the message has its last line) or wrote nothing.
     """
     library.parent.mkdir(parents=True, exist_ok=True)
+    umask = os.umask(0)
+    os.umask(umask)
     fd, partial = tempfile.mkstemp(suffix=".so", dir=library.parent)
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *flags(), *map(str, SOURCES), "-o", partial, *LIBRARIES],
+            [*cc, *flags(), *map(str, SOURCES), "-o", partial, *LIBRARIES],
             capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
         )
         if done.returncode != 0:
             lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-            raise RuntimeError(f"`{cc}` failed (exit {done.returncode}): {lines[-1]}")
-        umask = os.umask(0)
-        os.umask(umask)
+            raise RuntimeError(f"`{shlex.join(cc)}` failed (exit {done.returncode}): {lines[-1]}")
+        with open(partial, "rb") as f:
+            built = f.read()
+            os.fsync(f.fileno())  # on disk before it takes the library's name
+        if not built:
+            raise RuntimeError(f"`{shlex.join(cc)}` exited 0 but wrote no library")
         os.chmod(partial, 0o755 & ~umask)  # mkstemp made it 0600: other users of a shared cache could not load it
         os.replace(partial, library)
+        partial = f"{library}.{os.getpid()}.tmp"
+        Path(partial).write_text(hashlib.sha256(built).hexdigest())
+        os.chmod(partial, 0o644 & ~umask)
+        os.replace(partial, digest_path(library))  # last: a library without its digest is built again
     finally:
         if os.path.exists(partial):
             os.remove(partial)
+
+
+def digest_path(library: Path) -> Path:
+    """Where the SHA-256 of `library`, as its build wrote it, is kept."""
+    return library.with_suffix(".sha256")
+
+
+def intact(library: Path) -> bool:
+    """Whether `library` is what its build wrote (its digest matches)."""
+    try:
+        return digest_path(library).read_text().strip() == hashlib.sha256(library.read_bytes()).hexdigest()
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -146,11 +183,11 @@ def load() -> Kernels | str:
         return unsupported
     cc = compiler()
     if cc is None:
-        return f"no C compiler: `{os.environ.get('CC', 'cc')}` not found; install gcc or set CC"
-    library = library_path(cc)
+        return f"no C compiler: `{compiler_name()}` not found; install gcc or set CC"
     try:
-        if not library.exists():
+        library = library_path(cc)
+        if not intact(library):  # not built yet, or damaged since
             compile_library(cc, library)
         return bind(ctypes.CDLL(str(library)), library)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+    except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as err:  # AttributeError: a symbol
         return f"building the C kernels failed: {err}"
