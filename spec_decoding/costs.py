@@ -195,14 +195,14 @@ def calibrate(
     key = calibration_key(target, draft, max_tokens)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(cache_dir or default_cache_dir()) / f"step-costs-{digest}.json"
-    if not refresh and path.is_file():
+    if not refresh:
         try:
             stored = json.loads(path.read_text())
             costs = StepCosts(t_draft=stored["t_draft"], t_verify=tuple(stored["t_verify"]))
-            if costs.max_tokens == max_tokens:
+            if costs.max_tokens == max_tokens and costs.t_verify == non_decreasing(costs.t_verify):
                 return costs
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # unreadable, edited or from an older format: measure again
+        except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
+            pass  # none yet, unreadable, edited or from an older format: measure again
     costs = measure(target, draft, max_tokens)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -272,12 +272,26 @@ def test_a_stored_calibration_that_is_edited_or_short_is_measured_again(tmp_path
     costs = calibrate(target, draft, 13, cache_dir=str(tmp_path))  # a folder given as text works too
     (stored,) = tmp_path.glob("step-costs-*.json")
     record = json.loads(stored.read_text())
-    for edit in ({"t_draft": float("nan")}, {"t_verify": record["t_verify"][:5]}):
-        stored.write_text(json.dumps({**record, **edit}))
+    edits = [
+        json.dumps({**record, "t_draft": float("nan")}),
+        json.dumps({**record, "t_verify": record["t_verify"][:5]}),  # short
+        json.dumps({**record, "t_verify": record["t_verify"][::-1]}),  # decreasing: no pass measures that
+        json.dumps({**record, "t_draft": 10**400}),  # past any float
+        "[" * 100_000,  # nested past the recursion limit
+    ]
+    for text in edits:
+        stored.write_text(text)
         again = calibrate(target, draft, 13, cache_dir=tmp_path)
         assert again.max_tokens == 13 and again.t_draft > 0 and again != costs  # measured anew
     with pytest.raises(ValueError, match="max_tokens must be an integer >= 1"):
         calibrate(target, draft, 2.5, cache_dir=tmp_path)
+
+
+def test_a_calibration_folder_that_cannot_be_looked_into_is_measured_without_it(tmp_path):
+    # A name the file system refuses (too long here; a folder without permission alike) raised from gamma="auto".
+    target, draft = tiny_gpt2(CONFIG, seed=0), tiny_gpt2(CONFIG, seed=1)
+    costs = calibrate(target, draft, 13, cache_dir=tmp_path / ("x" * 300))
+    assert costs.max_tokens == 13 and costs.t_draft > 0
 
 
 def test_the_calibration_key_names_the_forward_path(tmp_path, fast_kernels):
