@@ -46,6 +46,27 @@ class Draft:
     forward_calls: int
 
 
+def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: torch.device) -> Draft:
+    """`draft` as the loop can verify it: a Draft of at most K token ids in
+    0..V-1 (a 1-D integer tensor on `device`), probs None or (k, V), or a
+    ValueError naming the `drafter` that proposed it (one written elsewhere)."""
+    tokens, probs = getattr(draft, "tokens", None), getattr(draft, "probs", None)
+    problem = None
+    if not isinstance(draft, Draft) or not isinstance(tokens, torch.Tensor):
+        problem = f"a Draft holding a tensor of tokens, got {type(draft).__name__}"
+    elif tokens.dim() != 1 or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        problem = f"(k,) integer token ids, got a {tokens.dtype} tensor of shape {tuple(tokens.shape)}"
+    elif tokens.numel() > K or tokens.device != device:
+        problem = f"at most K = {K} tokens on {device}, got {tokens.numel()} on {tokens.device}"
+    elif tokens.numel() and bool(((tokens < 0) | (tokens >= vocab_size)).any()):
+        problem = f"token ids in 0..{vocab_size - 1}, got {tokens.tolist()}"
+    elif probs is not None and (not isinstance(probs, torch.Tensor) or probs.shape != (tokens.numel(), vocab_size)):
+        problem = f"probs None or of shape ({tokens.numel()}, {vocab_size}), got {getattr(probs, 'shape', probs)}"
+    if problem is not None:
+        raise ValueError(f"{type(drafter).__name__}.propose must return {problem}")
+    return draft
+
+
 class Drafter(ABC):
     """What the decoding loop asks of a drafter.
 

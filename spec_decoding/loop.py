@@ -29,8 +29,8 @@ from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 from .acceptance import speculative_sampling, speculative_sampling_greedy
 from .batch import batch_speculative_generate, row_generators
 from .batch_drafters import BatchDrafter
-from .drafters import Draft, Drafter, ModelDrafter
-from .schedule import GammaSchedule, make_schedule
+from .drafters import Draft, Drafter, ModelDrafter, check_draft
+from .schedule import GammaSchedule, make_schedule, next_gamma
 from .stats import BatchStats, SpecStats, clock
 from .tree import TreeShape
 from .tree_drafting import TreeDrafter
@@ -171,11 +171,12 @@ def speculative_generate(
 
     while S < max_len:
         # The step emits at most K + 1 tokens: K shrinks near the end.
-        K = min(schedule.choose(), max_len - S - 1, drafter.max_draft(S))
+        K = min(next_gamma(schedule), max_len - S - 1, drafter.max_draft(S))
 
         t0 = clock(device)
         if K > 0:
             proposal = drafter.propose(seq[:, :S], K, sampling, generator)
+            check_draft(proposal, K, target.config.vocab_size, drafter, device)
         else:  # nothing to draft: a plain target step, verifying only the pending token
             proposal = Draft(tokens=seq.new_empty(0), probs=None, forward_calls=0)  # (0,) tokens
         t1 = clock(device)

@@ -18,6 +18,7 @@ same for every schedule: greedy the target's, sampled the target's distribution.
 from __future__ import annotations
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -232,8 +233,9 @@ def make_schedule(gamma: int | str | GammaSchedule, target: GPT2, drafter: Draft
             verify (`check_draft_length`).
     """
     most = min(DEFAULT_MAX_GAMMA, target.config.n_ctx - 1)  # K + 1 tokens fit the window
+    name = "gamma"
     if isinstance(gamma, GammaSchedule):
-        schedule = gamma
+        schedule, name = gamma, f"the max_gamma of {type(gamma).__name__}"
     elif isinstance(gamma, str) and gamma == "auto":
         schedule = AutoGamma(calibrate(target, drafter.model, most + 1), max_gamma=most)
     elif isinstance(gamma, str) and gamma == "heuristic":
@@ -243,5 +245,18 @@ def make_schedule(gamma: int | str | GammaSchedule, target: GPT2, drafter: Draft
             schedule = FixedGamma(gamma)
         except ValueError:
             raise ValueError(f"gamma must be an integer >= 1, 'auto' or 'heuristic', got {gamma!r}") from None
-    check_draft_length(schedule.max_gamma, "gamma", target.config.n_ctx)
+    check_draft_length(getattr(schedule, "max_gamma", None), name, target.config.n_ctx)
     return schedule
+
+
+def next_gamma(schedule: GammaSchedule) -> int:
+    """`schedule.choose()`, checked: one written elsewhere could return anything.
+
+    Raises:
+        ValueError: not an integer in 0..max_gamma.
+    """
+    K = schedule.choose()
+    if isinstance(K, bool) or not isinstance(K, numbers.Integral) or not 0 <= K <= schedule.max_gamma:
+        raise ValueError(f"{type(schedule).__name__}.choose() must return an integer in 0..{schedule.max_gamma} "
+                         f"(its max_gamma), got {K!r}")
+    return int(K)

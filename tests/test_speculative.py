@@ -22,6 +22,8 @@ import torch
 from gpt2 import GPT2, GPT2Config, generate
 from gpt2.sampling import SamplingConfig
 from spec_decoding import BatchDrafter, ModelDrafter, SimulatedDrafter, SpecStats, TreeDrafter, speculative_generate
+from spec_decoding.drafters import Draft, Drafter
+from spec_decoding.schedule import GammaSchedule
 from helpers import ForwardRecorder, three_drafts, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -439,6 +441,67 @@ def test_any_integer_type_is_an_integer_and_a_tiny_temperature_is_greedy(target,
     out, _ = speculative_generate(target, drafts["perturbed"], ids, gamma=3, max_new_tokens=12, temperature=1e-39)
     assert out.tolist() == baseline.tolist()
     assert generate(target, ids, 12, temperature=1e-39, top_k=np.int64(5)).tolist() == baseline.tolist()
+
+
+class ChoosesBadly(GammaSchedule):
+    """A schedule written outside the project that returns whatever it was given."""
+
+    def __init__(self, K, max_gamma=3) -> None:
+        self.K = K
+        if max_gamma is not None:
+            self.max_gamma = max_gamma
+
+    def choose(self):
+        return self.K
+
+    def describe(self) -> str:
+        return "chooses badly"
+
+
+@pytest.mark.parametrize("K", [5, 2.0, -1, True], ids=["past max_gamma", "a float", "negative", "a bool"])
+def test_a_schedule_choosing_outside_its_range_is_refused(target, drafts, K):
+    # K = 5 raised IndexError, 2.0 TypeError; -1 ran, counting its steps as K = 3 in gamma_hist.
+    with pytest.raises(ValueError, match=r"ChoosesBadly.choose\(\) must return an integer in 0..3 \(its max_gamma\)"):
+        speculative_generate(target, drafts["perturbed"], prompt(), gamma=ChoosesBadly(K), max_new_tokens=5)
+    with pytest.raises(ValueError, match="the max_gamma of ChoosesBadly must be an integer >= 1"):
+        speculative_generate(target, drafts["perturbed"], prompt(), gamma=ChoosesBadly(1, None), max_new_tokens=5)
+
+
+class ProposesThis(Drafter):
+    """A drafter written outside the project that proposes whatever it was given."""
+
+    def __init__(self, draft: Draft) -> None:
+        self.draft = draft
+
+    vocab_size = None
+
+    def prefill(self, prefix: torch.Tensor) -> None:
+        pass
+
+    def max_draft(self, seq_len: int) -> int:
+        return 64
+
+    def propose(self, seq, K, sampling, generator) -> Draft:
+        return self.draft
+
+    def rewind(self, valid: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "draft, message",
+    [
+        (Draft(torch.tensor([1, 2, 3, 4, 5]), None, 0), "at most K = 2 tokens on cpu, got 5"),  # an AssertionError
+        (Draft(torch.tensor([1.0, 2.0]), None, 0), r"\(k,\) integer token ids, got a torch.float32 tensor"),
+        (Draft(torch.tensor([1, 999]), None, 0), r"token ids in 0..63, got \[1, 999\]"),  # an IndexError
+        (Draft(torch.tensor([1, 2]), torch.ones(2, 5) / 5, 0), r"probs None or of shape \(2, 64\)"),
+        ([1, 2], "a Draft holding a tensor of tokens, got list"),
+    ],
+    ids=["too many", "floats", "past the vocabulary", "probs of another shape", "not a Draft"],
+)
+def test_a_proposal_the_loop_cannot_verify_is_refused(target, draft, message):
+    with pytest.raises(ValueError, match=r"ProposesThis.propose must return " + message):
+        speculative_generate(target, ProposesThis(draft), prompt(), gamma=2, max_new_tokens=5)
 
 
 def test_a_vocabulary_mismatch_is_refused_before_any_work(target):
