@@ -185,6 +185,8 @@ class TreeDrafter:
             return list(zip(top.indices.tolist(), top.values.tolist()))
         return [(token, float(q[token])) for token in draw_without_replacement(q, count, generator)]
 
+    spare_tokens = 0  # tokens of the vocabulary never among a node's children
+
     def level_counts(
         self, shape: TreeShape, depth: int, values: list[float], probs: torch.Tensor, budget: int
     ) -> list[int]:
@@ -196,13 +198,14 @@ class TreeDrafter:
         the parents' distributions decide, never the children drawn, which
         keeps sampled trees lossless.
         """
+        most = probs.size(-1) - self.spare_tokens  # per node: no more distinct tokens can follow it
         if shape.is_static:
             counts = []
-            for _ in values:  # at most V children: a node has no more distinct tokens to follow it
-                counts.append(min(shape.branching[depth - 1], budget, probs.size(-1)))
+            for _ in values:
+                counts.append(min(shape.branching[depth - 1], budget, most))
                 budget -= counts[-1]
             return counts
-        width = min(shape.width, budget, probs.size(-1))
+        width = min(shape.width, budget, most)
         scored = [
             (-value * p, v, i)
             for v, (value, q) in enumerate(zip(values, probs))
@@ -231,6 +234,8 @@ class SimulatedTreeDrafter(TreeDrafter):
     the same right and wrong first candidates, so a tree and a chain are
     compared on the same luck.
     """
+
+    spare_tokens = 1  # at most V - 1 children: the target's token is none of them when no rank is drawn
 
     def __init__(
         self, draft: GPT2 | ModelDrafter, reference: torch.Tensor, profile: tuple[float, ...], *, seed: int = 0
@@ -271,6 +276,6 @@ class SimulatedTreeDrafter(TreeDrafter):
             if u < cumulative:
                 rank = r
                 break
-        wrong = [(right + 1 + i) % self.vocab_size for i in range(count)]  # never the right token (count < V)
+        wrong = [(right + 1 + i) % self.vocab_size for i in range(count)]  # never the right token: count < V
         tokens = [right if on_reference and r == rank else wrong.pop(0) for r in range(count)]
         return list(zip(tokens, self.ranked(q, count)))

@@ -273,6 +273,17 @@ def test_the_simulated_tree_drafter_keeps_the_output_and_follows_its_profile(mod
         assert 0 < stats.alpha < 1 and depth1[0] > depth1[1] > 0
 
 
+def test_a_simulated_tree_as_wide_as_the_vocabulary_still_leaves_the_target_token_out():
+    # With as many children as tokens, the wrong candidates wrapped round to the right one: profile (0,) accepted all.
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=32, vocab_size=4)
+    target, draft = tiny_gpt2(config, seed=0), tiny_gpt2(config, seed=1)
+    ids = torch.tensor([[1, 2]])
+    reference = generate(target, ids, 10)
+    drafter = SimulatedTreeDrafter(draft, reference, (0.0,), seed=0)
+    out, stats = speculative_generate(target, drafter, ids, tree="4,4", max_new_tokens=10)
+    assert out.tolist() == reference.tolist() and stats.accepted == 0 and stats.judged > 0
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_one_branch_tree_meets_the_same_luck_as_the_chain(models, seed):
     # Simulated tree and chain drafters with the same seed draw one coin per
