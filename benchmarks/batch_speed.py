@@ -202,7 +202,7 @@ def summarise(repeats: list[dict], args: argparse.Namespace, pair) -> dict:
                 "alpha": med(lambda r: r[f"spec B={B} gamma={g}"][1]["alpha"]),
                 "tokens_per_target_call": med(lambda r: r[f"spec B={B} gamma={g}"][1]["tokens_per_target_call"]),
             }
-        entry["best_gamma"] = max(args.gammas, key=lambda g: entry["spec"][g]["tokens_per_s"])
+        entry["best_gamma"] = max(args.gammas, key=lambda g: entry["spec"][g]["vs_plain_same_B"])  # as shown
         throughput[B] = entry
 
     steps = {}
@@ -350,7 +350,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ValueError(f"--alpha must lie in [0, 1], got {args.alpha}")
     BandwidthProbe.check(args.bandwidth_mib)
     args.prompts = max(args.batch_sizes) if args.prompts is None else args.prompts
-    check_range("--prompts", args.prompts, 1, MAX_PROMPTS, " (random prompts held in memory)")
+    check_range("--prompts", args.prompts, max(args.batch_sizes), MAX_PROMPTS,
+                " (enough for the largest of --batch-sizes, and held in memory)")
     check_range("--seed", args.seed, -MAX_SEED, MAX_SEED)
     if min(args.new_tokens, args.prompt_len, args.context, args.repeats, args.prompts) < 1 or args.warmup < 0:
         raise ValueError("--new-tokens, --prompt-len, --context, --repeats and --prompts must be >= 1, "
@@ -381,12 +382,17 @@ def which_to_shrink(room: int, first: tuple[str, int], second: tuple[str, int]) 
 
 def check_cache_memory(args: argparse.Namespace) -> None:
     """Raises a ValueError if the runs of a repeat, all alive at once in lockstep, would hold KV caches (each
-    method one batch at a time, target and draft, float32) of more than half the machine's memory."""
-    rows = sum(min(B, args.prompts) for B in args.batch_sizes) * (1 + len(args.gammas))  # plain + each gamma
+    method one batch at a time, target and draft, float32) of more than half the machine's memory, or one step
+    cost's cache would."""
+    rows = sum(args.batch_sizes) * (1 + len(args.gammas))  # plain + each gamma
     positions = args.prompt_len + SPREAD + args.new_tokens + max(args.gammas) + 1
     names = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
     check_caches_fit(sum(KVCache.nbytes(shape(name), rows, positions) for name in names),
                      "give fewer or smaller --batch-sizes, fewer --gammas or fewer --new-tokens")
+    # The step costs: a cache of the largest step batch at --context, one model at a time.
+    step = max(KVCache.nbytes(shape(name), max(args.step_batches), args.context + max(args.gammas) + 1)
+               for name in names)
+    check_caches_fit(step, "give a smaller largest --step-batches or a shorter --context", "a step cost's pass")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -312,13 +312,14 @@ def machine_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_caches_fit(nbytes: int, fix: str) -> None:
-    """Raises a ValueError if `nbytes` of KV caches, alive at once while the runs of a lockstep call
-    (benchmarks/lockstep.py) take turns, exceed half of this machine's memory; `fix` says what to give less of."""
+def check_caches_fit(nbytes: int, fix: str, holder: str = "the runs timed together in lockstep") -> None:
+    """Raises a ValueError if `nbytes` of KV caches, alive at once in `holder` (by default while the runs of a
+    lockstep call, benchmarks/lockstep.py, take turns), exceed half of this machine's memory; `fix` says what to
+    give less of."""
     memory = machine_memory()
     if nbytes > memory / 2:
-        raise ValueError(f"the runs timed together in lockstep would hold {nbytes / 2**30:.1f} GiB of KV caches at "
-                         f"once, more than half of this machine's {memory / 2**30:.0f} GiB: {fix}")
+        raise ValueError(f"{holder} would hold {nbytes / 2**30:.1f} GiB of KV caches at once, more than half of "
+                         f"this machine's {memory / 2**30:.0f} GiB: {fix}")
 
 
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:

@@ -4,15 +4,17 @@ bandwidth bound. Speed itself is never asserted here."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 
 import pytest
 
+import benchmarks.common
 from benchmarks import batch_speed
 from benchmarks.batch_speed import main, make_prompts
-from benchmarks.common import run_cli
+from benchmarks.common import build_pair, run_cli
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: a thread pool only adds waiting
 
@@ -57,6 +59,7 @@ SHORT = ["--tiny", "--batch-sizes", "1", "--gammas", "1", "--step-batches", "1",
     (["--threads", str(os.cpu_count() + 1)], r"--threads must lie in 1\.\."),
     (["--out", ""], "--out is empty"),
     (["--prompts", "4097"], r"--prompts must lie in 1\.\.4096"),
+    (["--batch-sizes", "1", "2", "--prompts", "1"], r"--prompts must lie in 2\.\.4096 \(enough for the largest of"),
     (["--new-tokens", "1000000000"], "give --new-tokens at most 998$"),  # + the prompt's 14 + 12 in 1024
     (["--gammas", "1000000000"], "give --gammas at most 1019$"),  # + --context 4 + 1 in 1024
     (["--context", "2000", "--gammas", "2000"], "give a smaller --context and --gammas$"),
@@ -88,3 +91,31 @@ def test_runs_whose_caches_would_not_fit_in_memory_together_are_refused(capsys, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: the runs timed together in lockstep would hold 8") and "fewer --gammas" in err
     assert "\n" not in err and not (tmp_path / "out").exists()
+
+
+def test_a_step_cost_whose_cache_would_not_fit_in_memory_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(benchmarks.common, "machine_memory", lambda: 24 * 2**30)  # this project's machine
+    # gpt2-large: 256 rows x ~1,000 positions x 360 KB = ~88 GiB in one pass (it raised from the allocator).
+    args = ["--batch-sizes", "1", "--gammas", "1", "--step-batches", "1", "256", "--context", "1000",
+            "--out", str(tmp_path / "out")]
+    assert run_cli(main, args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: a step cost's pass would hold 88") and "a shorter --context" in err
+    assert "\n" not in err and not (tmp_path / "out").exists()
+
+
+def test_the_best_gamma_is_the_one_whose_shown_ratio_is_highest():
+    # Chosen by the median of tokens/s, gamma 2 (9.5 > 9 tok/s) was named best beside its own 0.95x against
+    # gamma 1's 1.8x: the medians of the ratios within each repeat, which the report shows, decide.
+    pair = build_pair("tiny", "tiny-draft", weights="tiny")
+    args = argparse.Namespace(new_tokens=10, prompts=1, batch_sizes=[1], gammas=[1, 2], step_batches=[1], alpha=0.8,
+                              context=4)
+    plain_seconds, spec = [1.0, 2.0, 4.0], {1: [9.0, 9.0, 9.0], 2: [9.5, 1.0, 20.0]}  # tok/s per repeat
+    repeats = [{"plain B=1": plain_seconds[i], "t_step B=1": 0.01, "t_d B=1": 0.001, "bandwidth B=1": 1e10,
+                "flops B=1": 1e10, "t_v B=1 gamma=1": 0.011, "t_v B=1 gamma=2": 0.012,
+                **{f"spec B=1 gamma={g}": (10 / spec[g][i], {"new_tokens": 10, "alpha": 0.5,
+                                                             "tokens_per_target_call": 2.0}) for g in (1, 2)}}
+               for i in range(3)]
+    entry = batch_speed.summarise(repeats, args, pair)["throughput"][1]
+    assert entry["spec"][2]["tokens_per_s"] > entry["spec"][1]["tokens_per_s"]
+    assert entry["spec"][1]["vs_plain_same_B"] > entry["spec"][2]["vs_plain_same_B"] and entry["best_gamma"] == 1
