@@ -25,6 +25,7 @@ from statistics import median
 
 import torch
 
+from benchmarks.common import ArgumentParser
 from benchmarks.common import build_pair, check_range, environment, environment_lines, markdown_table, results_dir
 from benchmarks.common import MAX_SEED, check_caches_fit, run_cli, say, set_threads, shape, timed, write_json
 from benchmarks.decode_speed import BandwidthProbe, weight_bytes
@@ -314,7 +315,7 @@ def report_lines(summary: dict, args: argparse.Namespace) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.batch_speed", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m benchmarks.batch_speed", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--target", default="gpt2-large", help="target shape (random weights)")
     p.add_argument("--draft", default="gpt2", help="draft shape (random weights)")

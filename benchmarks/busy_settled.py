@@ -15,14 +15,13 @@ on fixed threads (all torch threads every pass), in the order given by
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
 import torch
 
-from benchmarks.common import random_model, run_cli, shape
+from benchmarks.common import ArgumentParser, random_model, run_cli, shape
 from benchmarks.decode_speed import Spinners
 from gpt2 import fast
 
@@ -53,7 +52,7 @@ def measure(model, passes: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.busy_settled", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m benchmarks.busy_settled", description=__doc__.split("\n\n")[0])
     p.add_argument("--busy", type=int, default=1, help="cores kept busy (default 1; at most the logical CPUs)")
     p.add_argument("--passes", type=int, default=30, help="timed passes of each kind (default 30)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of both settings (default 2)")

@@ -7,6 +7,7 @@ Timing rules, kept by every benchmark: the clock is read after the device has fi
 
 from __future__ import annotations
 
+import argparse
 import csv
 import datetime as dt
 import functools
@@ -20,6 +21,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -320,6 +322,14 @@ def check_caches_fit(nbytes: int, fix: str, holder: str = "the runs timed togeth
     if nbytes > memory / 2:
         raise ValueError(f"{holder} would hold {nbytes / 2**30:.1f} GiB of KV caches at once, more than half of "
                          f"this machine's {memory / 2**30:.0f} GiB: {fix}")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors (a value it cannot parse, an unknown option) are one line, which `run_cli`
+    prints with exit code 2, instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(f"{message} (see --help)")
 
 
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:

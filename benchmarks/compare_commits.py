@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from benchmarks.common import check_range, run_cli
+from benchmarks.common import ArgumentParser, check_range, run_cli
 from gpt2 import preset
 
 CACHED, PROMPT = 100, 20  # the worker's cache before each timed pass, and its decoding prompt, in tokens
@@ -154,7 +154,7 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.compare_commits", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m benchmarks.compare_commits", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("before", help="the checkout to compare against (a folder)")
     p.add_argument("after", help="the checkout with the change (a folder)")

@@ -29,6 +29,7 @@ from statistics import median
 
 import torch
 
+from benchmarks.common import ArgumentParser
 from benchmarks.common import binary_tree_mask, check_range, environment, environment_lines, logical_cpus
 from benchmarks.common import markdown_table, random_model, results_dir, run_cli, say, set_threads, shape, timed
 from benchmarks.common import MAX_SEED, write_json
@@ -423,7 +424,7 @@ def report(results: list[dict], speedup: dict | None, args: argparse.Namespace, 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.decode_speed", description=(
+    p = ArgumentParser(prog="python -m benchmarks.decode_speed", description=(
         "Decode step, verification of k tokens and prefill: ours vs transformers vs the bandwidth bound."))
     p.add_argument("--models", nargs="+", default=["gpt2", "gpt2-large"],
                    help="preset shapes, or tiny (default: gpt2 gpt2-large)")

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.common import (
+    ArgumentParser,
     MAX_SEED,
     check_caches_fit,
     check_range,
@@ -414,7 +415,7 @@ def p_min_table(results: dict) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.drafting", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="python -m benchmarks.drafting", description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     ap.add_argument("--target", default="gpt2-large", help="target shape, random weights (default gpt2-large)")
     ap.add_argument("--draft", default="gpt2", help="draft shape, random weights (default gpt2)")

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks import sweep_report
-from benchmarks.common import ModelPair, build_pair, check_caches_fit, check_passes_fit, encode_prompts
+from benchmarks.common import ArgumentParser, ModelPair, build_pair, check_caches_fit, check_passes_fit, encode_prompts
 from benchmarks.common import MAX_SEED, check_range, environment, load_prompt_tokenizer, results_dir, run_cli
 from benchmarks.common import set_threads
 from benchmarks.lockstep import Method, lockstep, plain_decoding, rotated, stepwise
@@ -382,7 +382,7 @@ QUICK = {"prompts": 2, "max_gen": [50, 100], "repeats": 2, "component_calls": 5}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.gamma_sweep", description=(
+    ap = ArgumentParser(prog="python -m benchmarks.gamma_sweep", description=(
         "Speculative decoding speedup over gamma x max_gen, measured and predicted."))
     models = ap.add_argument_group("models")
     for role, default in (("target", "gpt2-large"), ("draft", "gpt2")):

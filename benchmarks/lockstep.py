@@ -17,7 +17,6 @@ streamer receives tokens (`hf_peer.PausingStreamer`).
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import statistics
 import sys
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 from greenlet import greenlet
 
-from benchmarks.common import markdown_table, random_model, run_cli, set_threads, shape
+from benchmarks.common import ArgumentParser, markdown_table, random_model, run_cli, set_threads, shape
 from gpt2 import GPT2, SamplingConfig, generate
 
 # A method: called with `pause`, which it calls at each step boundary with its
@@ -187,7 +186,7 @@ def check(shape_name: str, tokens: int, repeats: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.lockstep",
+    ap = ArgumentParser(prog="python -m benchmarks.lockstep",
                                  description="Checks that lockstep timing leaves a pass's speed alone.")
     ap.add_argument("--repeats", type=int, default=6, help="repeats (default 6)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

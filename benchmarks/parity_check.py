@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from benchmarks.common import ArgumentParser
 from benchmarks.common import build_pair, encode_prompts, environment, environment_lines, load_prompt_tokenizer
 from benchmarks.common import MAX_SEED, check_range, markdown_table, results_dir, run_cli, write_json
 from benchmarks.prompts import EARLY_EOS_PROMPTS, PROMPTS
@@ -347,7 +348,7 @@ def encode_suite(prompts, pair, device: torch.device):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.parity_check", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m benchmarks.parity_check", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="gpt2-large", help="Hub id or folder, a preset name with --random-weights "
                    "(default gpt2-large)")
     p.add_argument("--draft", default="gpt2", help="draft model (default gpt2)")

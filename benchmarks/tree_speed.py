@@ -24,6 +24,7 @@ from statistics import median
 
 import torch
 
+from benchmarks.common import ArgumentParser
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
 from benchmarks.common import check_caches_fit, check_passes_fit, noisy_copy, say, shape, timed
 from benchmarks.common import binary_tree_mask, write_json
@@ -355,7 +356,7 @@ def report(payload: dict, env: dict, args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tree_speed", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m benchmarks.tree_speed", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="gpt2-large")
     parser.add_argument("--draft", default="gpt2")
     parser.add_argument("--draft-quantize", choices=("none", "int8"), default="none",

@@ -187,3 +187,18 @@ def test_every_benchmark_names_itself_as_it_is_run(capsys):
             importlib.import_module(name).main(["--help"])
         assert exit_info.value.code == 0
         assert capsys.readouterr().out.startswith(f"usage: python -m {name} "), name
+
+
+def test_every_benchmark_gives_one_line_for_an_option_it_cannot_parse(capsys):
+    """A value argparse cannot read, or an unknown option, is one `error:` line and exit code 2, as every other
+    bad setting is (argparse's default prints its whole usage block first)."""
+    import importlib
+
+    from benchmarks.common import run_cli
+
+    commands = sorted(name for name, path in project_modules().items()
+                      if name.startswith("benchmarks.") and "def main(" in path.read_text(encoding="utf-8"))
+    for name in commands:
+        assert run_cli(importlib.import_module(name).main, ["--no-such-option", "1"]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.endswith(" (see --help)\n") and err.count("\n") == 1, (name, err)

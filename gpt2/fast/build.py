@@ -2,14 +2,12 @@
 loads it with ctypes.
 
 The kernels are plain C with AVX2 + FMA intrinsics (and AVX-512's 512-bit
-multiply-adds where the CPU has them) and OpenMP: no PyTorch
-headers, no build step at install time. They are compiled on first use with
-the system C compiler (`$CC`, else `cc`; about a second) into a cache folder,
-under a name made from a hash of everything that goes into them, so an
-edited source or another compiler builds anew. Beside it goes the library's
-own SHA-256: a file that does not match (cut short by a crash or a partial
-copy of the cache, which would kill the process in the system loader) is
-built again, and a second process never loads a half-written file.
+multiply-adds where the CPU has them) and OpenMP: no PyTorch headers, no build
+step at install time. They are compiled on first use (`$CC`, else `cc`; about
+a second) into a cache folder, under a name hashed from all that goes into
+them, so an edited source or another compiler builds anew; beside it, its
+SHA-256: a file that does not match (cut short by a crash or a partial copy,
+which would kill the process in the system loader) is built again.
 
 Environment:
     CC                 the C compiler, possibly with arguments ("ccache gcc"; default `cc`)
