@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from benchmarks.common import ArgumentParser, check_range, run_cli
-from gpt2 import preset
+from benchmarks.common import ArgumentParser, check_caches_fit, check_range, run_cli
+from gpt2 import KVCache, preset
 
 CACHED, PROMPT = 100, 20  # the worker's cache before each timed pass, and its decoding prompt, in tokens
 MAX_ROWS = 32  # --rows at most: each row's cache holds the whole window (gpt2-large: 0.38 GB a row)
@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     check_range("--ks", max(args.ks), 1, n_ctx - CACHED,
                 f" (the context window of {n_ctx} after {CACHED} cached tokens)")
     check_range("--rows", args.rows, 1, MAX_ROWS, " (each row caches the whole context window)")
+    check_caches_fit(2 * KVCache.nbytes(preset(target), args.rows), "give fewer --rows",
+                     "the two workers' batched steps")
+    check_range("--gamma", args.gamma, 1, n_ctx - 1, f" (a context window of {n_ctx} verifies at most that many)")
     check_range("--new-tokens", args.new_tokens, 1, n_ctx - PROMPT,
                 f" (the context window of {n_ctx} after a {PROMPT}-token prompt)")
 

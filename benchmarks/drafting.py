@@ -77,6 +77,7 @@ REPEAT_PROMPT = f"{PARAGRAPH}\n\nThe same paragraph again, word for word:\n\nThe
 NOISY_CONFIG = GPT2Config(n_layer=4, n_head=4, n_embd=256)
 NOISY_BLOCK_STD, NOISY_WTE_STD = 0.05, 0.2
 MAX_NOISE = 10.0  # --noise: far past a useful draft, short of overflowing float32 weights
+MAX_MODEL_SEEDS = 100_000  # --model-seeds: each string costs about a millisecond per α, after the timed runs
 
 
 # ---------------------------------------------------------------------------
@@ -430,7 +431,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-gen", type=int, default=64, help="tokens per run (default 64)")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
     ap.add_argument("--model-seeds", type=int, default=2000,
-                    help="coin strings of the in-expectation comparison (default 2000)")
+                    help=f"coin strings of the in-expectation comparison (default 2000, at most {MAX_MODEL_SEEDS})")
     ap.add_argument("--noise", type=float, default=0.1, help="the noisy draft's relative weight noise")
     ap.add_argument("--p-mins", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2, 0.3],
                     help="p_min values of the noisy pair (0 = off)")
@@ -449,6 +450,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for gamma in args.gammas:  # the step costs are calibrated up to auto's largest γ
         check_range("--gammas", gamma, 1, DEFAULT_MAX_GAMMA, " (the largest γ gamma='auto' drafts)")
     check_range("--noisy-prompts", args.noisy_prompts, 1, len(PROMPTS), " (the benchmark prompts)")
+    check_range("--model-seeds", args.model_seeds, 1, MAX_MODEL_SEEDS, " (coin strings priced after the timed runs)")
     if not all(0.0 <= a <= 1.0 for a in [*args.alphas, *args.int8_alphas, *args.p_mins]):  # NaN too
         raise ValueError("--alphas, --int8-alphas and --p-mins must lie in [0, 1]")
     if "simulated" in args.parts and not args.alphas + args.int8_alphas:
@@ -490,10 +492,11 @@ def main(argv: list[str] | None = None) -> int:
         target = random_model(shape(target_name), seed=args.seed)
         drafts = {"float32": random_model(shape(draft_name), seed=args.seed + 1),
                   "int8": random_model(shape(draft_name), seed=args.seed + 1, quantize="int8")}
-        report["environment"] = environment(target.device, target.dtype,
-                                            {"target": target_name, "draft": draft_name}, fast.status(target))
-        lines += environment_lines(report["environment"]) + [""]
         ids = torch.tensor([tokenizer.encode(PROMPTS[0][1])])
+    models = {"target": target_name, "draft": draft_name} if needs_pair else {"noisy pair": str(NOISY_CONFIG)}
+    report["environment"] = environment(torch.device("cpu"), torch.float32, models,
+                                        fast.status(target) if needs_pair else fast.status())
+    lines += environment_lines(report["environment"]) + [""]
     if "simulated" in args.parts:
         costs = {name: calibrate(target, d, DEFAULT_MAX_GAMMA + 1, refresh=True) for name, d in drafts.items()}
         report["costs"] = {name: {"t_draft": c.t_draft, "t_verify": c.t_verify} for name, c in costs.items()}

@@ -30,6 +30,7 @@ from spec_decoding import ModelDrafter, speculative_generate
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 DEFAULT_TIE_TOLERANCE = 1e-3  # relative to the logit scale
 TIE_EPS_MULTIPLE = 8  # the tolerance is never below 8 eps(dtype) * scale
+GPT2_WINDOW = 1024  # GPT-2's n_ctx: a larger --gamma could never be verified
 
 
 @contextlib.contextmanager
@@ -77,10 +78,12 @@ class ParitySettings:
     tie_tolerance: float = DEFAULT_TIE_TOLERANCE
 
     def __post_init__(self) -> None:
-        check_integer(self.gamma, "--gamma", 1)
+        if check_integer(self.gamma, "--gamma", 1) >= GPT2_WINDOW:  # checked against the models' own once built
+            raise ValueError(f"--gamma must be less than {GPT2_WINDOW}, GPT-2's context window, got {self.gamma}")
         check_integer(self.max_new_tokens, "--max-gen", 1)
-        if not self.tie_tolerance > 0:
-            raise ValueError(f"--tie-tolerance must be > 0 (relative to the logit scale), got {self.tie_tolerance!r}")
+        if not 0 < self.tie_tolerance <= 1:  # 1: the whole logit scale; past it every parting is called a tie
+            raise ValueError(f"--tie-tolerance must lie in (0, 1] (relative to the logit scale), "
+                             f"got {self.tie_tolerance!r}")
 
     def relative_tolerance(self, dtype: torch.dtype) -> float:
         """The tie tolerance as a fraction of the logit scale, for `dtype`."""

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+import benchmarks.common
 from benchmarks.common import run_cli
 from benchmarks.compare_commits import main
 from helpers import REPO_ROOT
@@ -39,7 +40,8 @@ def test_a_folder_that_is_not_a_checkout_is_one_line_and_exit_2(tmp_path, capsys
 
 @pytest.mark.parametrize("bad, message", [(["--ks", "2000"], "--ks must lie in 1..924"),  # 100 tokens cached
                                           (["--rows", "100000"], "--rows must lie in 1..32"),
-                                          (["--new-tokens", "5000"], "--new-tokens must lie in 1..1004")])
+                                          (["--new-tokens", "5000"], "--new-tokens must lie in 1..1004"),
+                                          (["--gamma", "2000"], "--gamma must lie in 1..1023")])
 def test_settings_past_the_window_are_one_line_before_any_worker_starts(bad, message, capfd):
     assert run_cli(main, [str(REPO_ROOT), str(REPO_ROOT), "--tiny", "--repeats", "1", *bad]) == 2
     err = capfd.readouterr().err  # capfd: a worker's output would be here too
@@ -54,3 +56,11 @@ def test_a_failing_worker_is_one_line_and_exit_2(tmp_path, capfd):
     err = capfd.readouterr().err
     assert err.startswith(f"error: the worker in {tmp_path} failed: ImportError: cannot import name 'GPT2'")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_batched_steps_whose_caches_would_not_fit_in_memory_are_refused(capfd, monkeypatch):
+    # gpt2-large: 32 rows of its whole window, 11.2 GiB a worker, two workers.
+    monkeypatch.setattr(benchmarks.common, "machine_memory", lambda: 24 * 2**30)  # this project's machine
+    assert run_cli(main, [str(REPO_ROOT), str(REPO_ROOT), "--repeats", "1", "--rows", "32"]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("error: the two workers' batched steps would hold 22.5 GiB") and "fewer --rows" in err

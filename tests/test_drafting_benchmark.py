@@ -113,6 +113,7 @@ BAD_SETTINGS = [  # (the settings, what the one line must say)
     (["--max-gen", "1000"], "--max-gen 1000 new tokens after the longest prompt"),
     (["--max-gen", "1000000000"], "give --max-gen at most 965"),
     (["--noisy-prompts", "7"], "--noisy-prompts must lie in 1..6"),
+    (["--model-seeds", "1000000"], "--model-seeds must lie in 1..100000"),  # priced for hours after the timed runs
 ]
 
 
@@ -142,3 +143,13 @@ def test_methods_whose_caches_would_not_fit_in_memory_together_are_refused(capsy
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: the runs timed together in lockstep would hold ") and err.endswith("fewer --gammas")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_noisy_part_alone_carries_the_environment_header(tmp_path, prompt_tokenizer):
+    # Its timed speedups came without a device, threads, commit or date when no other part ran.
+    short = ["--parts", "noisy", "--repeats", "1", "--max-gen", "4", "--noisy-prompts", "1", "--noisy-seeds", "1",
+             "--p-mins", "0", "--out", str(tmp_path)]
+    assert run_cli(main, short) == 0
+    environment = json.loads((tmp_path / "drafting.json").read_text(encoding="utf-8"))["environment"]
+    assert environment["models"] == {"noisy pair": str(drafting.NOISY_CONFIG)} and environment["threads"] >= 1
+    assert "- device: cpu" in (tmp_path / "drafting.md").read_text(encoding="utf-8")

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import spec_decoding.loop
+from benchmarks import parity_check
 from benchmarks.common import build_pair, run_cli
 from benchmarks.parity_check import (
     ParitySettings,
@@ -233,6 +234,17 @@ def test_cli_exits_1_on_a_float32_bug(tmp_path, monkeypatch):
     payload = json.loads((tmp_path / "parity.json").read_text())
     assert payload["passed"] is False and payload["dtypes"][0]["summary"]["bugs"] >= 1
     assert "**BUG**" in (tmp_path / "parity.md").read_text()
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--tie-tolerance", "inf"], "--tie-tolerance must lie in (0, 1]"),  # every parting would be called a tie
+    (["--gamma", "1000000000"], "--gamma must be less than 1024"),  # refused before the models are built
+])
+def test_bad_settings_are_one_line_and_exit_2(bad, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(parity_check, "build_pair", lambda *a, **k: pytest.fail("the settings come first"))
+    assert run_cli(main, ["--tiny", "--dtypes", "float32", "--out", str(tmp_path / "out"), *bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("out", ["afile/sub", ""])
