@@ -46,10 +46,10 @@ class Draft:
     forward_calls: int
 
 
-def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: torch.device) -> Draft:
-    """`draft` as the loop can verify it: a Draft of at most K token ids in
-    0..V-1 (a 1-D integer tensor on `device`), probs None or (k, V), or a
-    ValueError naming the `drafter` that proposed it (one written elsewhere)."""
+def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: torch.device) -> None:
+    """Raises a ValueError naming the `drafter` (one written elsewhere)
+    unless `draft` is what the loop can verify: a Draft of at most K token
+    ids in 0..V-1 (a 1-D integer tensor on `device`), probs None or (k, V)."""
     tokens, probs = getattr(draft, "tokens", None), getattr(draft, "probs", None)
     problem = None
     if not isinstance(draft, Draft) or not isinstance(tokens, torch.Tensor):
@@ -64,7 +64,6 @@ def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: 
         problem = f"probs None or of shape ({tokens.numel()}, {vocab_size}), got {getattr(probs, 'shape', probs)}"
     if problem is not None:
         raise ValueError(f"{type(drafter).__name__}.propose must return {problem}")
-    return draft
 
 
 class Drafter(ABC):

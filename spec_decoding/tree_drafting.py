@@ -63,6 +63,8 @@ def draw_without_replacement(q: torch.Tensor, count: int, generator: torch.Gener
 class TreeDrafter:
     """Drafts token trees with a (small) GPT-2 and its KV cache."""
 
+    spare_tokens = 0  # tokens of the vocabulary never among a node's children (a node has at most V - this)
+
     def __init__(self, draft: GPT2 | ModelDrafter) -> None:
         self.chain = draft if isinstance(draft, ModelDrafter) else ModelDrafter(draft)  # prefill, limits, cache
         self.model, self.cache = self.chain.model, self.chain.cache
@@ -184,8 +186,6 @@ class TreeDrafter:
             top = torch.topk(q, count)
             return list(zip(top.indices.tolist(), top.values.tolist()))
         return [(token, float(q[token])) for token in draw_without_replacement(q, count, generator)]
-
-    spare_tokens = 0  # tokens of the vocabulary never among a node's children
 
     def level_counts(
         self, shape: TreeShape, depth: int, values: list[float], probs: torch.Tensor, budget: int
