@@ -286,11 +286,14 @@ def check_fits(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], setting
     check_caches_fit(runs * per_run, "give fewer --gamma, --tree or --simulate-acceptance values, one sweep each")
 
 
-def warmup_tokens(device: torch.device, max_gens: tuple[int, ...]) -> int:
-    """New tokens of a warm-up run: 32 on a CPU (every code path once); on a GPU the longest max_gen, since a GPU
-    pays a first-use cost for each new shape (the cache grows a position each step) that a short warm-up leaves
-    to the first timed repeat."""
-    return min(min(max_gens), 32) if device.type == "cpu" else max(max_gens)
+def warmup_runs(device: torch.device, prompts: list[tuple[str, torch.Tensor]],
+                max_gens: tuple[int, ...]) -> tuple[list[torch.Tensor], int]:
+    """The warm-up's prompts and new tokens: on a CPU the first prompt for 32 tokens (every code path once); on a
+    GPU every prompt for the longest max_gen, since a GPU pays a first-use cost that a short warm-up, or one on
+    another prompt, leaves to the first timed repeat (on an H200 that repeat's second prompt ran 2x slower)."""
+    if device.type == "cpu":
+        return [prompts[0][1]], min(min(max_gens), 32)
+    return [ids for _, ids in prompts], max(max_gens)
 
 
 def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings, *,
@@ -310,12 +313,12 @@ def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings
     bar = tqdm(total=settings.repeats * len(settings.max_gens) * len(prompts) * len(jobs), desc="gamma sweep",
                unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True)
 
-    _, ids0 = prompts[0]  # warm-up: every code path once on the first prompt, not counted
-    warm_gen = warmup_tokens(pair.device, settings.max_gens)
+    warm_prompts, warm_gen = warmup_runs(pair.device, prompts, settings.max_gens)  # not counted
     for _ in range(settings.warmup):
         bar.set_postfix_str("warm-up")
-        reference = generate(pair.target, ids0, warm_gen) if settings.simulate else None
-        run_together(runner, jobs, ids0, warm_gen, 0, reference, 0)
+        for ids in warm_prompts:
+            reference = generate(pair.target, ids, warm_gen) if settings.simulate else None
+            run_together(runner, jobs, ids, warm_gen, 0, reference, 0)
 
     references: dict[tuple[int, int], torch.Tensor] = {}  # (prompt, max_gen) -> baseline output
     if settings.simulate:  # the simulated drafters copy the baseline's output, which lockstep makes alongside them
