@@ -287,13 +287,11 @@ def check_fits(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], setting
 
 
 def warmup_runs(device: torch.device, prompts: list[tuple[str, torch.Tensor]],
-                max_gens: tuple[int, ...]) -> tuple[list[torch.Tensor], int]:
-    """The warm-up's prompts and new tokens: on a CPU the first prompt for 32 tokens (every code path once); on a
-    GPU every prompt for the longest max_gen, since a GPU pays a first-use cost that a short warm-up, or one on
-    another prompt, leaves to the first timed repeat (on an H200 that repeat's second prompt ran 2x slower)."""
-    if device.type == "cpu":
-        return [prompts[0][1]], min(min(max_gens), 32)
-    return [ids for _, ids in prompts], max(max_gens)
+                max_gens: tuple[int, ...]) -> tuple[int, int]:
+    """How many of the prompts, from the first, the warm-up runs, and for how many new tokens: on a CPU the first
+    for 32 tokens (every code path once); on a GPU every prompt for the longest max_gen, since a GPU pays a
+    first-use cost that a short warm-up, or one on another prompt, leaves to the first timed repeat."""
+    return (1, min(min(max_gens), 32)) if device.type == "cpu" else (len(prompts), max(max_gens))
 
 
 def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings: SweepSettings, *,
@@ -316,9 +314,9 @@ def run_sweep(pair: ModelPair, prompts: list[tuple[str, torch.Tensor]], settings
     warm_prompts, warm_gen = warmup_runs(pair.device, prompts, settings.max_gens)  # not counted
     for _ in range(settings.warmup):
         bar.set_postfix_str("warm-up")
-        for ids in warm_prompts:
+        for p, (_, ids) in enumerate(prompts[:warm_prompts]):  # each as its timed runs will draw
             reference = generate(pair.target, ids, warm_gen) if settings.simulate else None
-            run_together(runner, jobs, ids, warm_gen, 0, reference, 0)
+            run_together(runner, jobs, ids, warm_gen, p, reference, 0)
 
     references: dict[tuple[int, int], torch.Tensor] = {}  # (prompt, max_gen) -> baseline output
     if settings.simulate:  # the simulated drafters copy the baseline's output, which lockstep makes alongside them
