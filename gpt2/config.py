@@ -90,6 +90,8 @@ class GPT2Config:
             )
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ValueError(f"cannot read {path} ({e.strerror or type(e).__name__}): check its permissions") from None
         except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise ValueError(f"{path} is not valid JSON ({str(e)[:100]}); re-download it or fix the file") from None
         if not isinstance(raw, dict):

@@ -98,7 +98,14 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
     progress = {"tqdm_class": progress_bar_class()} if accepts_tqdm_class(hf_hub_download) else {}
     first_download = not folder.exists()
     try:
-        ask_hub(probe, repo_id, "config.json", folder)
+        try:
+            ask_hub(probe, repo_id, "config.json", folder)
+        except FileNotFoundError:  # no network: a tokenizer file that cannot be fetched is no reason to fail
+            if all((folder / f).is_file() for f in MODEL_FILES):
+                print(f"cannot reach the Hub to complete {repo_id}'s tokenizer files: using {folder} as it is",
+                      file=sys.stderr)
+                return folder
+            raise
         print(f"downloading {repo_id} from {constants.ENDPOINT} into {folder}", file=sys.stderr)
         make_download_folder(folder)
         for filename in wanted:
@@ -236,9 +243,9 @@ def terminal_without_size(stream) -> bool:
 def cannot_download(repo_id: str, folder: Path, error: Exception) -> FileNotFoundError:
     """The error for a repo that cannot be fetched (no network) and has no local copy."""
     return FileNotFoundError(
-        f"cannot download '{repo_id}' (no network? {type(error).__name__}) and there is no local copy in "
-        f"{folder}: connect to the internet once, or put config.json and model.safetensors of "
-        f"'{repo_id}' into {folder}, or pass a local model folder instead"
+        f"cannot download '{repo_id}' (no network? {type(error).__name__}) and there is no complete local copy "
+        f"in {folder}: connect to the internet and run again (a broken download resumes), or put config.json and "
+        f"model.safetensors of '{repo_id}' into {folder}, or pass a local model folder instead"
     )
 
 
@@ -268,6 +275,8 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
             f"weights_dir must be the folder for downloads (a str or Path) or None for the repository's "
             f"weights/, not {type(weights_dir).__name__} {weights_dir!r}"
         )
+    if weights_dir is not None and str(weights_dir).strip() == "":
+        raise ValueError("weights_dir is empty: pass the folder for downloads, or None for the repository's weights/")
     if weights_dir is not None:
         weights_dir = expand_home(str(weights_dir))  # as huggingface_hub does with it: both see one folder
     folder = expand_home(text)

@@ -17,6 +17,7 @@ built: a config.json that does not match the weights costs nothing to refuse.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import re
 from collections.abc import Iterator
@@ -111,7 +112,14 @@ def reading_safetensors(path: Path) -> Iterator[None]:
                          "pull` in that folder, or pass the Hub repo id to download it")
     try:
         yield
+    except MemoryError:
+        raise ValueError(f"not enough memory to read {path}: close other programs, or load a smaller model") from None
     except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+        if getattr(e, "errno", None) == errno.ENOMEM or "Cannot allocate memory" in str(e):  # an mmap refused
+            raise ValueError(
+                f"not enough memory to map {path} ({str(e).splitlines()[0][:120]}): the file is not at fault; "
+                "free memory, or raise this shell's address-space limit (ulimit -v)"
+            ) from None
         raise ValueError(
             f"{path} is corrupt or truncated ({str(e).splitlines()[0][:120]}): delete it and download it again"
         ) from None
@@ -161,6 +169,22 @@ def checkpoint_to_model_keys(state: dict[str, object]) -> dict[str, object]:
     if "wte.weight" not in out and head is not None:
         out["wte.weight"] = head  # tied: the same matrix
     return out
+
+
+def check_tied_head(state: dict[str, object], *, source: str) -> None:
+    """Raises a ValueError if the file holds an `lm_head.weight` beside its
+    `wte.weight` that is not the same matrix (`state`: the file's names, and
+    tensors or shapes): this GPT-2's output layer is the token embedding, so
+    another head would be dropped and other logits computed."""
+    names = {key.removeprefix("transformer."): value for key, value in state.items()}
+    head, wte = names.get("lm_head.weight"), names.get("wte.weight")
+    if head is None or wte is None:
+        return
+    same = head == wte if isinstance(head, tuple) else head.shape == wte.shape and torch.equal(head, wte)
+    if not same:
+        raise ValueError(f"{source} holds an lm_head.weight that is not its wte.weight: this hand-written GPT-2 "
+                         "ties its output layer to the token embedding, as GPT-2 does; load a checkpoint whose "
+                         "head is the embedding")
 
 
 def stored_shapes(config: GPT2Config) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
@@ -238,6 +262,10 @@ def check_fits_config(shapes: dict[str, tuple[int, ...]], config: GPT2Config, *,
             "is config.json from the same checkpoint?"
         )
     unexpected = sorted(name for name in shapes if needed_shape(name) is None)
+    layers = {int(m.group(1)) for name in shapes if (m := re.match(r"h\.(\d+)\.", name))}
+    if layers and max(layers) >= config.n_layer:
+        raise ValueError(f"{source} holds {max(layers) + 1} layers (e.g. 'h.{max(layers)}.*') but config.json says "
+                         f"n_layer {config.n_layer}: is config.json from the same checkpoint?")
     if unexpected:
         raise ValueError(f"{source} has tensor(s) GPT-2 does not use, e.g. '{unexpected[0]}': "
                          "is it a GPT-2 checkpoint?")
@@ -253,10 +281,13 @@ def check_fits_config(shapes: dict[str, tuple[int, ...]], config: GPT2Config, *,
 
 
 def check_finite(state: dict[str, torch.Tensor], *, source: str) -> None:
-    """Raises a ValueError naming the first tensor that holds a NaN or an
-    infinity: a damaged checkpoint, which would decode garbage when greedy
-    and fail mid-run when sampling."""
+    """Raises a ValueError naming the first tensor that is not floating point
+    or holds a NaN or an infinity: a damaged checkpoint, which would decode
+    garbage when greedy and fail mid-run when sampling."""
     for name, tensor in state.items():
+        if not tensor.is_floating_point():
+            raise ValueError(f"tensor '{name}' in {source} holds {tensor.dtype} values, not floating point: the "
+                             "checkpoint is damaged or not a GPT-2 checkpoint")
         # The sum is one cheap pass; only a sum that is not finite (or that overflowed) needs the exact check.
         if not tensor.sum(dtype=torch.float32).isfinite() and not torch.isfinite(tensor).all():
             raise ValueError(
@@ -317,8 +348,12 @@ def load_model(
     config = GPT2Config.from_hf_config(folder / "config.json")
     path = folder / "model.safetensors"
     # config.json against the file's header first: nothing sized by the config is made before it fits.
-    check_fits_config(checkpoint_to_model_keys(read_shapes(path)), config, source=str(path))
-    state = checkpoint_to_model_keys(load_state_dict(path))
+    shapes = read_shapes(path)
+    check_tied_head(shapes, source=str(path))
+    check_fits_config(checkpoint_to_model_keys(shapes), config, source=str(path))
+    state = load_state_dict(path)
+    check_tied_head(state, source=str(path))
+    state = checkpoint_to_model_keys(state)
     check_finite(state, source=str(path))
     with torch.device("meta"):
         model = GPT2(config)  # shapes only: no memory, no random init

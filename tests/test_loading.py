@@ -81,6 +81,59 @@ def test_a_tied_checkpoint_that_keeps_only_the_head_loads(tmp_path, state):
     assert_holds(load_model(folder), state)
 
 
+@pytest.mark.parametrize("tie", [None, True])
+def test_a_head_that_is_not_the_embedding_is_refused_not_dropped(tmp_path, state, tie):
+    """A file with wte.weight and another lm_head.weight (the config tied, or silent about it): transformers keeps
+    the file's head; dropping it computed other logits (2.7 apart on this tiny model)."""
+    head = {**state, "lm_head.weight": torch.randn(TINY.vocab_size, TINY.n_embd)}
+    folder = write_checkpoint(tmp_path / "head", TINY, head)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("tie_word_embeddings", None)
+    (folder / "config.json").write_text(json.dumps(config if tie is None else {**config, "tie_word_embeddings": tie}))
+    with pytest.raises(ValueError, match="holds an lm_head.weight that is not its wte.weight"):
+        load_model(folder)
+    padded = {**state, "lm_head.weight": torch.zeros(TINY.vocab_size + 3, TINY.n_embd)}  # refused from the header
+    with pytest.raises(ValueError, match="holds an lm_head.weight that is not its wte.weight"):
+        load_model(write_checkpoint(tmp_path / "padded", TINY, padded))
+    same = {**state, "lm_head.weight": state["wte.weight"].clone()}  # a tied copy loads
+    assert_holds(load_model(write_checkpoint(tmp_path / "same", TINY, same)), state)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.bool])
+def test_a_tensor_that_is_not_floating_point_is_refused_naming_it(tmp_path, state, dtype):
+    bad = {**state, "h.0.mlp.c_fc.weight": state["h.0.mlp.c_fc.weight"].to(dtype)}
+    with pytest.raises(ValueError, match=f"tensor 'h.0.mlp.c_fc.weight' in .* holds {dtype} values, not floating"):
+        load_model(write_checkpoint(tmp_path / "ints", TINY, bad))
+
+
+@pytest.mark.parametrize("error", [OSError(12, "Cannot allocate memory"), MemoryError(),
+                                   RuntimeError("unable to mmap 153898112 bytes: Cannot allocate memory (12)")])
+def test_too_little_memory_is_not_called_a_corrupt_file(folder, monkeypatch, error):
+    """An mmap refused under an address-space limit (ulimit -v) was reported as a corrupt file to delete."""
+    import safetensors.torch
+
+    def refuse(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(safetensors.torch, "load_file", refuse)
+    with pytest.raises(ValueError, match="not enough memory to (map|read) .*model.safetensors") as info:
+        load_model(folder)
+    assert "corrupt" not in str(info.value) and "delete" not in str(info.value)
+
+
+def test_an_unreadable_config_json_is_a_value_error_saying_so(folder, monkeypatch):
+    real_read = Path.read_text
+
+    def refuse(path, *args, **kwargs):
+        if path.name == "config.json":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    with pytest.raises(ValueError, match=r"cannot read .*config.json \(Permission denied\): check its permissions"):
+        load_model(folder)
+
+
 def test_a_folder_given_as_str_or_path_loads(folder, state):
     assert_holds(load_model(str(folder)), state)
     assert_holds(load_model(Path(folder)), state)
@@ -227,6 +280,18 @@ def test_a_deleted_tokenizer_file_is_downloaded_again(hub, tmp_path, folder):
     assert (tmp_path / "weights" / "someorg--tiny-gpt2" / "vocab.json").read_bytes() == b'{"placeholder": 0}'
 
 
+def test_a_download_with_one_tokenizer_file_is_used_offline(hub, tmp_path, folder, state, capsys):
+    """A repo with vocab.json but no merges.txt (or one the user deleted): the model files are there, so no
+    network is no reason to fail (it said there was no local copy, and to put the files it held there)."""
+    files = {name: data for name, data in served_files(folder).items() if name != "merges.txt"}
+    server = hub({REPO_ID: files})
+    weights = tmp_path / "weights"
+    load_model(REPO_ID, weights_dir=weights)
+    server.stop()
+    assert_holds(load_model(REPO_ID, weights_dir=weights), state)
+    assert "cannot reach the Hub to complete someorg/tiny-gpt2's tokenizer files" in capsys.readouterr().err
+
+
 def test_a_download_says_what_it_fetches_and_where(hub, tmp_path, folder, capsys):
     server = hub({REPO_ID: served_files(folder)})
     load_model(REPO_ID, weights_dir=tmp_path / "weights")
@@ -366,6 +431,15 @@ def test_a_source_that_is_no_folder_and_no_hub_id_says_so(no_hub, tmp_path, sour
     assert not weights.exists()
 
 
+@pytest.mark.parametrize("weights_dir", ["", " "])
+def test_an_empty_weights_dir_is_refused_not_taken_for_the_current_folder(no_hub, weights_dir, monkeypatch, tmp_path):
+    """An unset variable (--weights-dir "$W") meant '.': from the repository root, gpt2 downloaded into the gpt2/
+    package folder, which then counted as the model."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="weights_dir is empty: pass the folder for downloads, or None"):
+        load_model("gpt2", weights_dir=weights_dir)
+
+
 @pytest.mark.parametrize("weights_dir", [5, 1.5, b"weights", ["weights"]])
 def test_a_weights_dir_that_is_no_path_raises_value_error(no_hub, weights_dir):
     match = f"weights_dir must be the folder for downloads .*not {type(weights_dir).__name__}"
@@ -488,7 +562,8 @@ def test_a_checkpoint_with_more_layers_than_the_config_raises_value_error(tmp_pa
     folder = write_checkpoint(tmp_path / "deeper", TINY, state)
     shallower = GPT2Config(**{**TINY.__dict__, "n_layer": 1})
     (folder / "config.json").write_text(json.dumps(shallower.to_hf_dict()))
-    with pytest.raises(ValueError, match="tensor.* GPT-2 does not use, e.g. 'h.1."):
+    with pytest.raises(ValueError, match="holds 2 layers \\(e.g. 'h.1.\\*'\\) but config.json says n_layer 1: "
+                                         "is config.json from the same checkpoint"):
         load_model(folder)
 
 
