@@ -210,7 +210,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def generate(
     model: GPT2,
     input_ids: torch.Tensor | Sequence[Sequence[int]],

@@ -74,7 +74,8 @@ class KVCache:
     def length(self) -> int:
         """The positions held, when every row holds the same number (one sequence)."""
         first = int(self.lengths[0])
-        assert bool((self.lengths == first).all()), f"rows hold different lengths {self.lengths.tolist()}"
+        if not bool((self.lengths == first).all()):
+            raise ValueError(f"rows hold different lengths {self.lengths.tolist()}: read cache.lengths instead")
         return first
 
     def check_room(self, num_new: int) -> None:
@@ -142,7 +143,10 @@ class KVCache:
             positions: (n,) slot indices >= start, increasing.
         """
         slots = positions.tolist()
-        assert all(a < b for a, b in zip([start - 1] + slots, slots)), f"slots {slots}: not increasing from {start}"
+        if not (0 <= row < self.batch_size and 0 <= start and all(a < b for a, b in zip([start - 1] + slots, slots))
+                and start + len(slots) <= self.capacity and (not slots or slots[-1] < int(self.lengths[row]))):
+            raise ValueError(f"keep takes a row in [0, {self.batch_size}) and slots of it, held, increasing from "
+                             f"start {start}; got row {row}, slots {slots!r:.60}")
         # One slice copy per kept position (an accepted path is a few tokens),
         # in order: slot start + i <= slots[i] < slots[i + 1], so no copy
         # overwrites a position still to be moved. A gather with an index
@@ -164,9 +168,8 @@ class KVCache:
         Args:
             rows: row indices, strictly increasing.
         """
-        assert all(0 <= a < b for a, b in zip(rows, rows[1:])) and all(0 <= r < self.batch_size for r in rows), (
-            f"rows must be increasing indices in [0, {self.batch_size}), got {rows}"
-        )
+        if not (all(a < b for a, b in zip(rows, rows[1:])) and all(0 <= r < self.batch_size for r in rows)):
+            raise ValueError(f"rows must be increasing indices in [0, {self.batch_size}), got {rows!r:.60}")
         # Row `new` <= `old`: every row a move overwrites was dropped or has already moved.
         for new, old in enumerate(rows):
             n = int(self.lengths[old])

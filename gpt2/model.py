@@ -160,11 +160,15 @@ class GPT2(nn.Module):
             that follows input_ids[:, t].
 
         Raises:
-            ValueError: input_ids not (B, T >= 1) or on another device, a
-                cache of another batch size, dtype or device or another
-                model's, a mask of another shape or reaching back past the
-                cache, or positions that would run past the context window
-                n_ctx (or past the cache's capacity).
+            ValueError: input_ids not (B, T >= 1) integer ids or on another
+                device, a cache of another batch size, dtype or device or
+                another model's, a cache while autograd records (a cached
+                pass is for inference: use torch.no_grad()), a mask of
+                another shape or reaching back past the cache, or positions
+                that would run past the context window n_ctx (or past the
+                cache's capacity). On a CPU also ids outside the vocabulary
+                and a mask whose diagonal is not True (on a GPU these checks
+                would wait for the device at every pass).
         """
         check_pass(self, input_ids, cache, mask)
         B, T = input_ids.size()
@@ -207,6 +211,17 @@ def check_pass(model: GPT2, input_ids: torch.Tensor, cache: KVCache | None, mask
     B, T = input_ids.size()
     if T == 0:
         raise ValueError("input_ids holds no tokens: a forward pass needs at least one")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}")
+    if input_ids.device.type == "cpu":  # on a GPU this would wait for the device at every pass
+        low, high = (int(v) for v in input_ids.aminmax())
+        if low < 0 or high >= config.vocab_size:
+            raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside this model's "
+                             f"vocabulary 0..{config.vocab_size - 1}")
+    if cache is not None and torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters()):
+        raise ValueError("a pass with a KV cache is for inference (the cache is written in place, which autograd "
+                         "cannot undo): run it under torch.no_grad(), or call the model without a cache for "
+                         "gradients")
     if cache is not None:
         L, rows, nh, _, hs = cache.k.shape  # (L, B, nh, S, hs)
         if (cache.k.dtype, cache.k.device) != (model.dtype, model.device):
@@ -223,6 +238,8 @@ def check_pass(model: GPT2, input_ids: torch.Tensor, cache: KVCache | None, mask
                 and mask.dtype == torch.bool):
             got = f"{tuple(mask.shape)} {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
             raise ValueError(f"mask must be a ({T}, W >= {T}) bool tensor, got {got}")
+        if mask.device.type == "cpu" and not mask[:, mask.size(1) - T:].diagonal().all():
+            raise ValueError("the mask's diagonal over the new tokens must be True: each token sees itself")
         shortest = 0 if cache is None else int(cache.lengths.min())
         if mask.size(1) - T > shortest:
             raise ValueError(f"the mask's window reaches {mask.size(1) - T} cached positions back, but a row of the "

@@ -103,7 +103,7 @@ def verify_rows(
     return verdicts
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def batch_speculative_generate(
     target: GPT2,
     draft: GPT2 | ModelDrafter | BatchDrafter,

@@ -37,7 +37,7 @@ from .tree_drafting import TreeDrafter
 from .tree_loop import tree_speculative_generate
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def speculative_generate(
     target: GPT2,
     draft: GPT2 | Drafter,

@@ -34,7 +34,7 @@ from .tree_acceptance import TreeVerdict, tree_greedy, tree_sampling
 from .tree_drafting import TreeDraft, TreeDrafter
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def tree_speculative_generate(
     target: GPT2,
     draft: GPT2 | ModelDrafter | TreeDrafter,

@@ -235,11 +235,52 @@ def test_a_forward_pass_it_cannot_run_raises_value_error(request, tiny, accelera
             ids.to("meta"), None, None),
         "the mask's window reaches 4 cached positions back, but a row of the cache holds 3":
             (ids, cache, torch.ones(3, 7, dtype=torch.bool)),
+        "input_ids must hold integer token ids \\(torch.long\\), got torch.float32": (ids.float(), cache, None),
+        f"input_ids holds token id {TINY.vocab_size}, outside this model's vocabulary 0..{TINY.vocab_size - 1}": (
+            torch.full_like(ids, TINY.vocab_size), cache, None),
+        "input_ids holds token id -1, outside": (torch.full_like(ids, -1), cache, None),
+        # Row 1 sees only token 0: run as if it were token 0's position, silently, before the check.
+        "the mask's diagonal over the new tokens must be True": (
+            ids, cache, torch.tensor([[1, 0, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)),
     }
     for message, (input_ids, c, mask) in bad.items():
         with pytest.raises(ValueError, match=message):
             model(input_ids, c, mask=mask)
     assert cache.lengths.tolist() == [3, 3]  # a refused pass writes nothing
+
+
+def test_a_cached_pass_while_autograd_records_is_refused_and_an_uncached_one_has_gradients(tiny):
+    """The cache is written in place: with two layers or more, backward through a cached pass failed inside
+    autograd, and a decode loop without no_grad kept every earlier pass alive through the cache."""
+    model = GPT2(TINY).eval()
+    model.load_state_dict(tiny.state_dict())
+    ids, cache = random_ids(TINY, B=1, T=4), model.new_cache(1)
+    with pytest.raises(ValueError, match="a pass with a KV cache is for inference .* torch.no_grad\\(\\)"):
+        model(ids, cache)
+    assert cache.lengths.tolist() == [0]
+    with torch.no_grad():
+        model(ids, cache)  # fine without autograd
+    model(ids)[0, -1].logsumexp(-1).backward()  # the uncached pass: gradients reach every layer
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.h[0].parameters())
+
+
+def test_the_caches_own_checks_are_value_errors(tiny):
+    """They were asserts: gone under python -O, where keep_rows([1, 0]) copied row 1 into both rows."""
+    cache = tiny.new_cache(3)
+    with torch.no_grad():
+        tiny(random_ids(TINY, B=3, T=4), cache)
+    cache.rewind(torch.tensor([4, 2, 4]))
+    with pytest.raises(ValueError, match=r"rows hold different lengths \[4, 2, 4\]: read cache.lengths"):
+        cache.length
+    for rows in ([2, 0], [0, 3], [-1, 0], [1, 1]):
+        with pytest.raises(ValueError, match="rows must be increasing indices in \\[0, 3\\)"):
+            cache.keep_rows(rows)
+    for row, start, slots in ((0, 2, [1]), (0, 1, [3, 2]), (3, 1, [2]), (1, 1, [2]), (0, 1, [4])):
+        with pytest.raises(ValueError, match="keep takes a row in \\[0, 3\\) and slots of it"):
+            cache.keep(row, start, torch.tensor(slots))
+    assert cache.lengths.tolist() == [4, 2, 4]  # nothing moved by a refused call
+    cache.keep(0, 1, torch.tensor([2, 3]))
+    assert cache.lengths.tolist() == [3, 2, 4]
 
 
 def test_uncached_forward_past_the_context_window_raises_value_error(tiny):

@@ -74,6 +74,26 @@ def check_stats_consistent(stats: SpecStats, out: torch.Tensor, T: int, gamma: i
 # ---------------------------------------------------------------------------
 
 
+def test_the_outputs_are_ordinary_tensors_a_caller_may_change_and_score_with_gradients(target, drafts):
+    """Made under torch.inference_mode they could not be changed in place, nor saved for backward when a caller
+    scores the generated ids with gradients (as one does after transformers' generate)."""
+    two = torch.tensor([PROMPTS["4 tokens"][0], PROMPTS["4 tokens"][0][::-1]])  # (2, 4): a batch
+    outputs = {
+        "generate": generate(target, prompt(), 6),
+        "chain": speculative_generate(target, drafts["perturbed"], prompt(), gamma=3, max_new_tokens=6)[0],
+        "tree": speculative_generate(target, drafts["perturbed"], prompt(), tree="2,1", max_new_tokens=6)[0],
+        "batch": speculative_generate(target, drafts["perturbed"], two, gamma=2, max_new_tokens=6)[0],
+    }
+    model = GPT2(TARGET_CONFIG)
+    model.load_state_dict(target.state_dict())
+    for name, out in outputs.items():
+        assert isinstance(out, torch.Tensor) and not out.is_inference(), name
+        out[:, -1] = 0  # in place
+        model.zero_grad()
+        model(out)[:, :-1].log_softmax(-1).gather(-1, out[:, 1:, None]).sum().backward()  # the ids' log-likelihood
+        assert model.wte.weight.grad.abs().sum() > 0, name
+
+
 @pytest.mark.parametrize("prompt_name", PROMPTS)
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("draft_name", ["self", "unrelated", "perturbed"])
