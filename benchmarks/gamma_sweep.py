@@ -6,7 +6,7 @@ baseline / speculative time. The step costs are timed in rounds that take their 
 (`ComponentTimer`). End-of-text is ignored: every run emits max_gen tokens.
 
     python -m benchmarks.gamma_sweep                       # gpt2 -> gpt2-large, full sweep
-    python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.8 --tree 2 3,1 "nodes 8 depth 4"
+    python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.7 --tree 2 3,1 "nodes 8 depth 4"
     python -m benchmarks.gamma_sweep --random-weights --draft-equals-target --peer transformers --quick
 
 Outputs (--out, default benchmarks/results/gamma_sweep-<UTC time>/): sweep.md, sweep.csv, sweep.json
@@ -257,12 +257,13 @@ class Runner:
                                             tree=shape, max_new_tokens=n, temperature=q.temperature, top_k=q.top_k,
                                             top_p=q.top_p, generator=generator, on_step=on_step)
             return stepwise(speculative)
-        from benchmarks.hf_peer import PausingStreamer, hf_generate
+        from benchmarks.hf_peer import PausingStreamer, hf_generate, keeping_rng
 
         assisted = kind == "hf assisted"  # else transformers' plain generate
 
         def peer(pause):
-            torch.manual_seed(seed)  # transformers samples from the global generator
+            torch.manual_seed(seed)  # transformers samples from the global generator, which the other runs share
+            pause = pause if q.greedy else keeping_rng(pause, self.pair.device)
             return hf_generate(self.hf_target, ids, n, q, assistant=self.hf_draft if assisted else None,
                                gamma=cell.gamma if assisted else None, streamer=PausingStreamer(pause)), None
         return peer
@@ -438,18 +439,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not 1 <= args.prompts <= len(PROMPTS):
         raise ValueError(f"--prompts must be between 1 and {len(PROMPTS)}, got {args.prompts}")
     check_range("--seed", args.seed, -MAX_SEED, MAX_SEED)
+    args.settings = SweepSettings(  # its checks, here: a documented command that parses would also run
+        gammas=tuple(args.gamma), max_gens=tuple(args.max_gen), simulate=tuple(args.simulate_acceptance or ()),
+        sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed, repeats=args.repeats,
+        warmup=args.warmup, component_calls=args.component_calls, peer=args.peer, trees=tuple(args.tree),
+        tree_profile=tuple(args.tree_profile),
+    )
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_threads(args.threads)
-    settings = SweepSettings(
-        gammas=tuple(args.gamma), max_gens=tuple(args.max_gen), simulate=tuple(args.simulate_acceptance or ()),
-        sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed, repeats=args.repeats,
-        warmup=args.warmup, component_calls=args.component_calls, peer=args.peer, trees=tuple(args.tree),
-        tree_profile=tuple(args.tree_profile),
-    )
+    settings = args.settings
     weights = "tiny" if args.tiny else "random" if args.random_weights else "checkpoint"
     pair = build_pair(args.target, args.draft, weights=weights, draft_equals_target=args.draft_equals_target,
                       device=args.device, dtype=args.dtype, quantize=args.quantize, seed=args.seed)

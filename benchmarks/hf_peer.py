@@ -31,6 +31,18 @@ def to_transformers(model: GPT2):
     return hf_model.to(device=model.device, dtype=model.dtype).eval()
 
 
+def keeping_rng(pause, device: torch.device):
+    """`pause` for a run that samples from torch's global generator beside others that draw from it too (in
+    lockstep): the run's generator state is put back when its turn comes again, so it draws what it would alone."""
+    def pause_keeping_rng(tokens: int) -> None:
+        cpu, gpu = torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        pause(tokens)
+        torch.set_rng_state(cpu)
+        if gpu is not None:
+            torch.cuda.set_rng_state(gpu, device)
+    return pause_keeping_rng
+
+
 class PausingStreamer:
     """A transformers streamer that makes `generate` a lockstep method (benchmarks/lockstep.py): it calls
     `pause(new tokens so far)` each time tokens arrive; the first call brings the prompt."""

@@ -150,7 +150,8 @@ def labels(result: SweepResult, env: dict) -> list[str]:
                    "own greedy token with probability alpha_sim and by a wrong token otherwise; the target "
                    "verifies for real.")
     if env.get("weights") in ("random", "tiny"):
-        what = "the presets' real GPT-2 shapes" if env["weights"] == "random" else "tiny test models"
+        shapes = " and ".join(dict.fromkeys(env["models"].values()))  # --random-weights takes the tiny names too
+        what = f"the shapes of {shapes}" if env["weights"] == "random" else "tiny test models"
         acceptance = ("the real draft's acceptance would be meaningless; here it is simulated." if s.simulate else
                       "the target drafts for itself, so greedy acceptance is 1 by construction."
                       if env.get("draft_is_target") else "acceptance is meaningless (two unrelated random networks).")
@@ -159,7 +160,9 @@ def labels(result: SweepResult, env: dict) -> list[str]:
         q = env["quantize"]
         out.append(f"{q.upper()} WEIGHTS: both models' weight matrices are quantised (gpt2/fast/quantize.py); the "
                    f"baseline is the {q} target alone, and the speculative output is lossless with respect to "
-                   "it, not to the float32 target.")
+                   "it, not to the float32 target."
+                   + (" The peer's transformers models compute in float32 from the same rounded weights."
+                      if s.peer else ""))
     return out
 
 
@@ -171,7 +174,7 @@ def markdown(result: SweepResult, rows: list[dict], env: dict, command: str) -> 
     s, q = result.settings, result.settings.sampling
     decoding = "greedy" if q.greedy else (
         f"sampling, temperature {q.temperature:g}, top-k {q.top_k}, top-p {q.top_p}, seed {s.seed}")
-    weights = {"checkpoint": "checkpoint weights", "random": "random weights (real GPT-2 shapes)",
+    weights = {"checkpoint": "checkpoint weights", "random": "random weights (the presets' shapes)",
                "tiny": "random weights (tiny test shapes)"}.get(env.get("weights"), env.get("weights"))
     lines = ["# Speculative decoding: gamma x max_gen sweep", ""]
     lines += [line for label in labels(result, env) for line in (f"**{label}**", "")]

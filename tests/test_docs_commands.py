@@ -79,6 +79,9 @@ def test_a_documented_command_parses(where, command, capsys):
     "python -m benchmarks.decode_speed --models gpt2-large --ks 1",  # k = 1 is the step, not a verification
     "python spec_decoding_generate.py --gamma 0",
     "python spec_decoding_generate.py --tree 3,2 --gamma 4",
+    # The sweep's own usage line said this: alpha_sim 0.8 and the default --tree-profile sum past 1.
+    'python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.5 0.8 --tree 2 3,1 "nodes 8 depth 4"',
+    "python -m benchmarks.gamma_sweep --random-weights --simulate-acceptance 0.8 --temperature 1",
 ])
 def test_a_stale_command_is_caught(command, capsys):
     with pytest.raises((ValueError, SystemExit, AssertionError)):

@@ -14,6 +14,8 @@ import os
 import shlex
 import subprocess
 import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from benchmarks.common import run_cli
 from benchmarks.gamma_sweep import ComponentTimer, SweepSettings, main
 from benchmarks.lockstep import lockstep
 from benchmarks.sweep_report import COLUMNS, PEER_COLUMNS, pooled, predicted_speedup_with_start
-from gpt2 import GPT2, GPT2Config, generate, init_random_weights
+from gpt2 import GPT2, GPT2Config, SamplingConfig, generate, init_random_weights
 from spec_decoding import SimulatedDrafter, SpecStats, expected_tokens_per_step, predicted_speedup
 from spec_decoding import speculative_generate
 
@@ -268,6 +270,18 @@ def test_token_trees_are_swept_beside_the_gammas(tmp_path, prompt_tokenizer):
     assert len(t_verify["3"]) == len(t_verify["tree 3"]) > 0
 
 
+def test_the_labels_name_the_shapes_and_the_peers_float32_weights():
+    """--random-weights takes the tiny names too: it was labelled 'the presets' real GPT-2 shapes'; and with int8
+    weights the peer computed in float32 unsaid."""
+    result = types.SimpleNamespace(settings=SweepSettings(gammas=(2,), max_gens=(6,), peer="transformers"))
+    env = {"weights": "random", "models": {"target": "tiny", "draft": "tiny-draft"}, "quantize": "int8"}
+    text = " ".join(sweep_report.labels(result, env))
+    assert "RANDOM WEIGHTS (the shapes of tiny and tiny-draft)" in text
+    assert "The peer's transformers models compute in float32 from the same rounded weights." in text
+    env = {"weights": "random", "models": {"target": "gpt2-large", "draft": "gpt2-large"}}
+    assert "RANDOM WEIGHTS (the shapes of gpt2-large):" in " ".join(sweep_report.labels(result, env))
+
+
 def test_pooled_tree_stats_add_up_per_depth_and_rank():
     a, b = SpecStats(2, tree="2,1"), SpecStats(2, tree="2,1")
     a.record_tree_step(4, (1, 0), judged=2, target_token=True)
@@ -300,6 +314,24 @@ def test_peer_transformers_runs_beside_ours(tmp_path, prompt_tokenizer):
     assert float(row["hf_speedup"]) > 0 and float(row["ours_over_hf"]) > 0
     assert row["hf_identical_runs"] == "1"  # the same weights give transformers the same greedy tokens
     assert "HF speedup" in (tmp_path / "sweep.md").read_text()
+
+
+def test_the_peers_sampling_runs_draw_as_they_would_alone_whoever_moves_first():
+    """transformers samples from torch's global generator: the hf baseline and hf assisted runs, taking turns,
+    reseeded and drew from each other's stream, so their tokens changed with who moved first."""
+    pytest.importorskip("transformers")
+    pair = common.build_pair("tiny", "tiny-draft", weights="tiny")
+    settings = SweepSettings(gammas=(2,), max_gens=(10,), sampling=SamplingConfig(1.0), peer="transformers")
+    runner = gamma_sweep.Runner(pair, settings)
+    cells = [gamma_sweep.Cell(10, 2, None)]
+    jobs = gamma_sweep.jobs_of(settings, cells, gamma_sweep.Group(5, 10))
+    ids = torch.tensor([[464, 1893, 286, 4881, 318]])
+    alone = [lockstep({"run": runner.method(kind, cell, ids, 10, 0, None)}, time.perf_counter)["run"][1][0]
+             for kind, cell, _ in jobs]
+    assert [kind for kind, _, _ in jobs] == ["baseline", "speculative", "hf baseline", "hf assisted"]
+    for shift in range(len(jobs)):
+        together = [out for _, out, _ in gamma_sweep.run_together(runner, jobs, ids, 10, 0, None, shift)]
+        assert all(torch.equal(a, b) for a, b in zip(together, alone)), shift
 
 
 # ---------------------------------------------------------------------------

@@ -71,6 +71,29 @@ def test_an_error_in_a_method_reaches_the_caller():
         lockstep({"ok": lambda pause: pause(5), "broken": broken}, clock=lambda: 0.0)
 
 
+def test_after_an_error_the_paused_methods_end_and_clean_up():
+    """They stayed suspended for ever: a paused_passes hook stayed on the model, and their caches alive."""
+    model = tiny_gpt2(TINY, seed=0)
+    ended = []
+
+    def paused(pause):
+        try:
+            pause(1)
+            pause(2)
+        finally:
+            ended.append("paused")
+
+    def broken(pause):
+        pause(1)
+        raise RuntimeError("boom")
+
+    plain = plain_decoding(model, torch.tensor([[1, 2, 3]]), 8)
+    with pytest.raises(RuntimeError, match="boom"):
+        lockstep({"plain": plain, "paused": paused, "broken": broken}, clock=lambda: 0.0)
+    assert ended == ["paused"]
+    assert not model._forward_pre_hooks, "the plain run's pause hook is off the model"
+
+
 def test_plain_decoding_pauses_before_its_own_passes_only():
     model = tiny_gpt2(TINY, seed=0)
     ids = torch.tensor([[1, 2, 3]])
