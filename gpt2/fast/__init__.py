@@ -55,8 +55,11 @@ def accelerate(model: GPT2, *, int8: bool = False, adapt_threads: bool = True) -
     The kernels read packed copies of the weight matrices, packed again
     whenever a parameter changes as PyTorch counts changes: in-place ops on
     the parameter (under `torch.no_grad()`), `load_state_dict`, or `p.data =
-    new`. An edit through `p.data.mul_(...)` or a NumPy view is not counted
-    (`.data` has a version counter of its own): call `accelerate` again after one.
+    new`; and all of them after any optimizer's step (a fused one does not
+    count its writes). An edit through `p.data.mul_(...)` or a NumPy view is
+    not counted (`.data` has a version counter of its own): call `accelerate`
+    again after one. Passes that torch.compile or torch.jit.trace record take
+    the readable path (the recording is of tensor operations).
 
     Returns:
         The same model.
@@ -126,6 +129,8 @@ def status(model: GPT2 | None = None) -> str:
     readable = "readable path (F.linear + SDPA, the Block modules)"
     fast = getattr(model, "accelerator", None)
     if isinstance(fast, FastGPT2) and why_not_cpu_float32(model) is None:  # moved or cast since: it stands aside
+        if (reason := fast.why_not(model)) is not None:
+            return f"{readable}: {reason}"
         threads = "threads chosen by timing" if fast.threads is not None else "torch.get_num_threads() threads"
         return (f"fast path: C kernels ({fast.kernels.path.name}), {fast.weights} weights, {threads}; passes "
                 f"that record gradients, run under hooks or autocast take the {readable}")

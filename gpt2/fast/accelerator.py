@@ -22,8 +22,10 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn as nn
 from torch.nn.modules import module as nn_module
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gpt2.kv_cache import KVCache
 from gpt2.model import MLP, GPT2, Block, CausalSelfAttention
@@ -158,6 +160,20 @@ class FastGPT2:
         self.table: ctypes.Array | None = None
         self.table_key: list | None = None  # the parameters' stamps when the table was built
         self.table_tensors: list[torch.Tensor] = []  # keeps the storage the table points into alive
+        self.watch_optimizers()
+
+    def watch_optimizers(self) -> None:
+        """Packs every weight again after any optimizer's step: a fused one (`fused=True`) writes the weights
+        without moving their version counters. (A hook of this object's own, removed when it goes.)"""
+        self.optimizer_stepped = False
+        this = weakref.ref(self)
+
+        def stepped(optimizer, args, kwargs) -> None:
+            fast = this()
+            if fast is not None:
+                fast.optimizer_stepped = True
+
+        weakref.finalize(self, register_optimizer_step_post_hook(stepped).remove)
 
     @property
     def weights(self) -> str:
@@ -179,6 +195,7 @@ class FastGPT2:
         clone.model = weakref.ref(copied_model)
         clone.threads = None if self.threads is None else ThreadChooser()
         clone.packed, clone.table, clone.table_key, clone.table_tensors = {}, None, None, []
+        clone.watch_optimizers()
         return clone
 
     def __reduce__(self):
@@ -234,8 +251,14 @@ class FastGPT2:
 
     def takes(self, model: GPT2, x: torch.Tensor, cache: KVCache | None, mask: torch.Tensor | None) -> bool:
         """CPU float32 input, cache and mask, no autocast, no gradient to
-        record, and widths the kernels take."""
+        record (backward or forward mode), no torch.compile or jit.trace
+        recording the pass (they would free the tensors whose pointers the
+        kernels get), and widths the kernels take."""
+        if torch.jit.is_tracing() or compiling():
+            return False
         if not (x.is_cpu and x.dtype == torch.float32) or autocast_on():
+            return False
+        if fwAD.unpack_dual(x).tangent is not None:
             return False
         if cache is not None and not (
             cache_readable(cache.k) and cache_readable(cache.v) and cache.k.stride() == cache.v.stride()
@@ -246,6 +269,20 @@ class FastGPT2:
             return False
         return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in model.parameters())))
 
+    def why_not(self, model: GPT2) -> str | None:
+        """Why no pass of `model` can take the kernels as its modules and parameters are now; None if one can.
+        It packs nothing (for `status`)."""
+        tensors = self.parameters_now(model)
+        if tensors is None:
+            return "a module the kernels stand in for was replaced, hooked, given a forward or an epsilon of its own"
+        if any(t is None or t.is_inference() for t in tensors):
+            return "a parameter is missing or was made under torch.inference_mode() (accelerate again)"
+        if not all(map(kernel_readable, tensors)):
+            return "a parameter is not a contiguous CPU float32 tensor"
+        if [t.shape for t in tensors] != self.shapes or any(w.size(1) % 8 for w in tensors[-1:]):
+            return "a module or weight of another size than the config's was put in"
+        return None
+
     # -- the C calls ----------------------------------------------------------
 
     def run_blocks(
@@ -254,7 +291,7 @@ class FastGPT2:
     ) -> None:
         """x (B, T, C) <- every block applied; the new keys and values into `cache` at `starts`."""
         B, T, C = x.shape
-        scratch = torch.empty(9 * B * T * C)  # qkv (3C), y (C), x2 (C), h (4C) per row
+        scratch = torch.empty(9 * B * T * C, dtype=torch.float32)  # qkv (3C), y (C), x2 (C), h (4C) per row
         k, v = cache.k, cache.v  # (L, B, nh, S, hs) x 2
         starts = starts.to(torch.int64).contiguous()  # (B,)
         mask = None if mask is None else mask.contiguous()  # (T, W) bytes, rows of W
@@ -272,7 +309,7 @@ class FastGPT2:
         packed = self.packed["wte.weight"]
         data, scale = packed.pointers
         V = model.config.vocab_size
-        logits = torch.empty(B * T, V)  # (N, V), every element written by the kernel
+        logits = torch.empty(B * T, V, dtype=torch.float32)  # (N, V), every element written by the kernel
         ln_f = model.ln_f
         self.kernels.linear(
             x.data_ptr(), data, scale, None, logits.data_ptr(), B * T, C, V,
@@ -323,17 +360,18 @@ class FastGPT2:
             key = [t.data_ptr() for t in tensors] + [t._version for t in tensors]
         except RuntimeError:  # a tensor made under inference mode has no version counter to watch
             return None
-        if key == self.table_key:
+        if key == self.table_key and not self.optimizer_stepped:
             return self.table
         if not all(t is not None and kernel_readable(t) for t in tensors):
             return None
         if [t.shape for t in tensors] != self.shapes:  # a module or weight of another size put in
             return None
         matrices = [tensors[12 * i + s] for i in range(model.config.n_layer) for s in MATRIX_SLOTS] + [tensors[-1]]
+        stepped, self.optimizer_stepped = self.optimizer_stepped, False
         with torch.no_grad():
             for name, w in zip(self.matrix_names, matrices):
                 kept = self.packed.get(name)
-                if kept is None or kept.source != stamp(w):
+                if kept is None or kept.source != stamp(w) or stepped:
                     if w.size(1) % 8:
                         return None
                     self.packed[name] = packed_copy(w, self.int8)
@@ -361,6 +399,14 @@ def stock(module: nn.Module, kind: type) -> bool:
     return type(module) is kind and not (
         module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__
     )
+
+
+def compiling() -> bool:
+    """Whether torch.compile (dynamo) is tracing this code."""
+    check = getattr(torch.compiler, "is_compiling", None)  # torch >= 2.3
+    if check is None:
+        from torch._dynamo import is_compiling as check
+    return check()
 
 
 def autocast_on() -> bool:
