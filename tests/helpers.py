@@ -263,7 +263,10 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     condition of the chi-square approximation); with k cells left the statistic
     has k - 1 degrees of freedom, and the lossless tests fail above
     `chi_square_quantile_0999(k - 1)`. An outcome the target cannot produce
-    (expected 0, observed > 0) makes the statistic infinite."""
+    (probability 0, observed > 0) makes the statistic infinite, before any
+    pooling: pooled, a few percent of impossible outcomes went unnoticed."""
+    if counts[probs == 0].sum() > 0:
+        return math.inf, int((probs * counts.sum() >= 5).sum())
     N = counts.sum()
     expected = probs * N
     big = expected >= 5

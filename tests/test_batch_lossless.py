@@ -11,6 +11,8 @@ check is shown to reject a batched rule that truncates every row to the
 batch's shortest acceptance m and draws each row's next token from the
 residual at position m + 1, even for rows whose draft there was accepted
 (tokens the draft over-proposes are then drawn too rarely for those rows).
+Under a top-k 2 filter (10^3 runs) the rows stay lossless, and a draft that
+misreports its filter is rejected.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 import torch
 
 import spec_decoding.batch
+import spec_decoding.batch_drafters
 from gpt2 import GPT2, GPT2Config
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 from spec_decoding import Verdict, speculative_generate
@@ -34,8 +37,10 @@ PROMPTS = [[3], [5, 1]]  # B = 2: different prompts, of different lengths
 N_TOKENS = 3  # the tokens whose joint distribution is compared, per row
 GAMMA = 2  # the first step drafts 2 tokens and may emit all 3
 SAMPLING = SamplingConfig(temperature=1.0)
+FILTERED = SamplingConfig(temperature=1.0, top_k=2)  # a filter that cuts real mass
 RUNS = 10_000
 WRONG_RULE_RUNS = 2_000
+FILTERED_RUNS = 1_000
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +53,13 @@ def draft(target) -> GPT2:
     return perturbed_copy(target, scale=DRAFT_PERTURBATION, seed=2)
 
 
-def exact_distribution(target: GPT2, prompt: list[int]) -> torch.Tensor:
+def exact_distribution(target: GPT2, prompt: list[int], sampling: SamplingConfig = SAMPLING) -> torch.Tensor:
     """(V^n,) float64: P(first n new tokens = x) after `prompt`, from the target alone."""
-    return exact_continuation_distribution(target, torch.tensor([prompt]), N_TOKENS, SAMPLING)
+    return exact_continuation_distribution(target, torch.tensor([prompt]), N_TOKENS, sampling)
 
 
-def sampled_counts(target: GPT2, draft: GPT2, runs: int, seed: int) -> tuple[list[torch.Tensor], list[list[int]]]:
+def sampled_counts(target: GPT2, draft: GPT2, runs: int, seed: int,
+                   sampling: SamplingConfig = SAMPLING) -> tuple[list[torch.Tensor], list[list[int]]]:
     """Per row: counts of its first n new tokens over `runs` batched runs,
     indexed like `exact_distribution`; and how often its first step accepted
     0, 1, ..., GAMMA drafts. One generator, seeded once, drives every run."""
@@ -71,8 +77,8 @@ def sampled_counts(target: GPT2, draft: GPT2, runs: int, seed: int) -> tuple[lis
     for _ in range(runs):
         first_step_seen.clear()
         rows, _ = speculative_generate(
-            target, draft, PROMPTS, gamma=GAMMA, max_new_tokens=N_TOKENS, temperature=SAMPLING.temperature,
-            generator=generator, on_step=record_step,
+            target, draft, PROMPTS, gamma=GAMMA, max_new_tokens=N_TOKENS, temperature=sampling.temperature,
+            top_k=sampling.top_k, top_p=sampling.top_p, generator=generator, on_step=record_step,
         )
         for b, (prompt, row) in enumerate(zip(PROMPTS, rows)):
             index = 0
@@ -129,3 +135,27 @@ def test_the_check_rejects_truncating_every_row_to_the_shortest_acceptance(targe
         rejected.append(statistic > chi_square_quantile_0999(df))
     # Measured (seed 0, 2000 runs): row 0: 810.5 > 119.9 (df 76); row 1: 348.1 > 149.5 (df 100).
     assert all(rejected), "the biased batch rule went undetected"
+
+
+# ---------------------------------------------------------------------------
+# A sampling filter: the rows stay lossless, and a misreported filter is seen
+# ---------------------------------------------------------------------------
+
+
+def misreported_filter(self, row, position, logits, sampling, generator):
+    """WRONG: the draft samples from its top-k filtered distribution but reports the unfiltered one as p_draft."""
+    drawn_from = logits_to_probs(logits, sampling)  # (V,)
+    return sample(drawn_from, generator), logits_to_probs(logits, SamplingConfig(sampling.temperature))
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_every_row_has_the_filtered_target_distribution_and_a_misreported_filter_is_seen(target, draft, monkeypatch,
+                                                                                        wrong):
+    if wrong:
+        monkeypatch.setattr(spec_decoding.batch_drafters.BatchDrafter, "pick", misreported_filter)
+    counts, _ = sampled_counts(target, draft, FILTERED_RUNS, seed=0, sampling=FILTERED)
+    statistics = [chi_square(counts[b], exact_distribution(target, prompt, FILTERED)) for b, prompt in
+                  enumerate(PROMPTS)]
+    # Measured (seed 0, 1,000 runs, df 7, threshold 24.5): right: rows 4.4, 7.4; misreported: 194.8, 62.5.
+    passed = [statistic < chi_square_quantile_0999(df) for statistic, df in statistics]
+    assert passed == [not wrong] * len(PROMPTS), statistics

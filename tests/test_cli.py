@@ -932,6 +932,22 @@ def test_jsonl_and_json_give_one_object_per_prompt_whatever_the_batch_size(tmp_p
     assert [o["token_ids"] for o in runs["1"]] == [o["token_ids"] for o in objects], "the batch size changes nothing"
 
 
+@pytest.mark.parametrize("sampling_filter", [["--top-k", "1"], ["--top-p", "1e-9"]])
+def test_a_filter_that_keeps_one_token_samples_the_greedy_text_alone_and_batched(tmp_path, capsys, folders,
+                                                                                 single_thread, sampling_filter):
+    """--top-k and --top-p reach the sampler on both paths (a CLI that dropped them passed every other test)."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in FILE_PROMPTS))
+    greedy = [single_json(capsys, folders, p)["token_ids"] for p in FILE_PROMPTS]
+    alone = [single_json(capsys, folders, p, "--temperature", "1", *sampling_filter)["token_ids"]
+             for p in FILE_PROMPTS]
+    result = run_main(capsys, *local_models(folders), "--json", "--prompts-file", str(path), "--batch-size", "3",
+                      "--temperature", "1", *sampling_filter)
+    assert_ok(result)
+    batched = [json.loads(line)["token_ids"] for line in result.stdout.splitlines()]
+    assert alone == batched == greedy
+
+
 @pytest.mark.parametrize(
     "content, args, message",
     [

@@ -68,10 +68,11 @@ def test_sampling_with_the_same_seed_reproduces_and_another_seed_differs(models)
     assert not torch.equal(first, generate(ours, ids, 30)), "sampling at temperature 1 is not greedy"
 
 
-def test_sampling_with_top_k_1_is_greedy(models):
+@pytest.mark.parametrize("sampling_filter", [{"top_k": 1}, {"top_p": 1e-9}])
+def test_sampling_with_a_filter_that_keeps_one_token_is_greedy(models, sampling_filter):
     ours, _ = models
     ids = prompt(seed=3)
-    sampled = generate(ours, ids, 15, temperature=0.7, top_k=1, generator=torch.Generator().manual_seed(0))
+    sampled = generate(ours, ids, 15, temperature=0.7, generator=torch.Generator().manual_seed(0), **sampling_filter)
     assert torch.equal(sampled, generate(ours, ids, 15))
 
 

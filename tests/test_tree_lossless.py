@@ -1,18 +1,18 @@
 """Speculative sampling with token trees is lossless: recursive rejection
 sampling (tree_acceptance.tree_sampling) gives the target's distribution.
 
-The check of tests/test_lossless.py, extended to trees: on the same 8-token
-GPT-2 pair, the exact distribution of the first 3 new tokens is compared by
-Pearson's chi-square test (0.999 quantile, fixed seeds) with that of
-`speculative_generate(..., tree=...)` over many seeded runs. Two children at
+The check of tests/test_lossless.py, extended to trees (the same 8-token
+GPT-2 pair, first 3 new tokens, chi-square at the 0.999 quantile, fixed
+seeds; top-k and top-p filters too). Two children at
 depth 1 and 2 make the first step take every branch of the rule: the first
 child accepted, the second after the first was rejected (p_target replaced by
 the residual, p_draft by p_draft without the rejected token), both rejected,
 and a full path (the bonus token at a leaf); a dynamic tree is checked too.
 The check is shown to fail for a plausible wrong rule (each sibling judged as
-a chain of one); at one node, on hand-made distributions, the rule alone is
-checked against p_target and shown to reject that rule and a subtler one
-(SpecInfer's with-replacement rule on children drawn without replacement).
+a chain of one) and for a draft that misreports its top-k filter; at one
+node, on hand-made distributions, the rule alone is checked against p_target
+and shown to reject that rule and a subtler one (SpecInfer's
+with-replacement rule on children drawn without replacement).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import torch
 import spec_decoding.tree_acceptance
 import spec_decoding.tree_loop
 from gpt2 import GPT2, GPT2Config
-from gpt2.sampling import SamplingConfig, sample
+from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 from spec_decoding import TreeShape, tree_speculative_generate
 from spec_decoding.acceptance import residual_distribution
 from spec_decoding.tree import TokenTree
 from spec_decoding.tree_acceptance import accepted, tree_sampling
-from spec_decoding.tree_drafting import draw_without_replacement
+from spec_decoding.tree_drafting import TreeDrafter, draw_without_replacement
 from helpers import chi_square, chi_square_quantile_0999, exact_continuation_distribution, perturbed_copy, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -52,6 +52,14 @@ CASES = {
         [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)],
     ),
     "dynamic 4 nodes, depth 2": (TreeShape(nodes=4, depth=2), TEMPERATURE_1, 1_500, [(), (0,), (1,), (0, 0), (1, 0)]),
+    # Filters that cut real mass (top-k 4 at temperature 0.7 cuts too light a tail to tell a misreported filter).
+    "2,2 at temperature 1, top-k 2": (
+        TreeShape(branching=(2, 2)), SamplingConfig(temperature=1.0, top_k=2), 1_500, [(), (0,), (1,), (0, 0), (1, 0)],
+    ),
+    "2,2 at temperature 0.8, top-p 0.8": (
+        TreeShape(branching=(2, 2)), SamplingConfig(temperature=0.8, top_p=0.8), 1_500,
+        [(), (0,), (1,), (0, 0), (1, 0)],
+    ),
 }
 WRONG_RULE_RUNS = 1_000
 
@@ -103,7 +111,8 @@ def test_sampled_tokens_have_the_target_distribution(target, draft, case):
     counts, first_step = sampled_counts(target, draft, tree, sampling, runs, seed=0)
     statistic, df = chi_square(counts, exact_distribution(target, sampling))
     threshold = chi_square_quantile_0999(df)
-    # Measured (seed 0): 2,2: 263.4 < 307.8 (df 235); 3,2 top-k: 21.2 < 48.4 (df 22); dynamic: 40.9 < 91.9 (df 54).
+    # Measured (seed 0): 2,2: 263.4 < 307.8 (df 235); 3,2 top-k: 21.2 < 48.4 (df 22); dynamic: 40.9 < 91.9 (df 54);
+    # 2,2 top-k 2: 2.8 < 24.5 (df 7); 2,2 top-p 0.8: 24.5 < 48.4 (df 22).
     assert statistic < threshold, f"chi-square {statistic:.1f} >= {threshold:.1f} (df {df}, {runs} runs)"
     # The branches of the rule were all taken: () = every depth-1 child
     # rejected, (1,) = the second accepted after the first was rejected, ...
@@ -141,6 +150,31 @@ def test_the_check_fails_for_a_wrong_rule(target, draft, monkeypatch):
     statistic, df = chi_square(counts, exact_distribution(target, sampling))
     threshold = chi_square_quantile_0999(df)
     # Measured (seed 0): 179.5 > 64.0 (df 33).
+    assert statistic > threshold, f"chi-square {statistic:.1f} < {threshold:.1f} (df {df}): wrong rule undetected"
+
+
+class MisreportsItsFilter(TreeDrafter):
+    """WRONG: the children are drawn from the top-k filtered distribution, but the unfiltered one is reported as
+    p_draft, so p_target / p_draft is too large wherever the filter cut mass."""
+
+    def distributions(self, logits, sampling):
+        return logits_to_probs(logits, SamplingConfig(sampling.temperature))  # the filter left out
+
+    def candidates(self, path, q, count, sampling, generator):
+        kept = q >= torch.topk(q, sampling.top_k).values[-1]  # (V,): drawn as the filter would
+        filtered = torch.where(kept, q, torch.zeros_like(q))
+        return [(token, float(q[token])) for token in draw_without_replacement(filtered / filtered.sum(), count,
+                                                                               generator)]
+
+
+def test_the_check_fails_for_a_tree_draft_that_misreports_its_filter(target, draft, monkeypatch):
+    for name in ("distributions", "candidates"):
+        monkeypatch.setattr(TreeDrafter, name, getattr(MisreportsItsFilter, name))
+    tree, sampling, _, _ = CASES["2,2 at temperature 1, top-k 2"]
+    counts, _ = sampled_counts(target, draft, tree, sampling, WRONG_RULE_RUNS, seed=0)
+    statistic, df = chi_square(counts, exact_distribution(target, sampling))
+    threshold = chi_square_quantile_0999(df)
+    # Measured (seed 0, 1,000 runs): 263.3 > 24.5 (df 7); the right rule: 3.0.
     assert statistic > threshold, f"chi-square {statistic:.1f} < {threshold:.1f} (df {df}): wrong rule undetected"
 
 
