@@ -143,8 +143,8 @@ class KVCache:
             positions: (n,) slot indices >= start, increasing.
         """
         slots = positions.tolist()
-        if not (0 <= row < self.batch_size and 0 <= start and all(a < b for a, b in zip([start - 1] + slots, slots))
-                and start + len(slots) <= self.capacity and (not slots or slots[-1] < int(self.lengths[row]))):
+        held = int(self.lengths[row]) if 0 <= row < self.batch_size else -1
+        if not (0 <= start <= held and all(a < b for a, b in zip([start - 1] + slots, slots + [held]))):
             raise ValueError(f"keep takes a row in [0, {self.batch_size}) and slots of it, held, increasing from "
                              f"start {start}; got row {row}, slots {slots!r:.60}")
         # One slice copy per kept position (an accepted path is a few tokens),

@@ -275,7 +275,8 @@ def test_the_caches_own_checks_are_value_errors(tiny):
     for rows in ([2, 0], [0, 3], [-1, 0], [1, 1]):
         with pytest.raises(ValueError, match="rows must be increasing indices in \\[0, 3\\)"):
             cache.keep_rows(rows)
-    for row, start, slots in ((0, 2, [1]), (0, 1, [3, 2]), (3, 1, [2]), (1, 1, [2]), (0, 1, [4])):
+    for row, start, slots in ((0, 2, [1]), (0, 1, [3, 2]), (3, 1, [2]), (-1, 1, [2]), (1, 1, [2]), (0, 1, [4]),
+                              (0, 5, [])):  # the last would have claimed a position the row does not hold
         with pytest.raises(ValueError, match="keep takes a row in \\[0, 3\\) and slots of it"):
             cache.keep(row, start, torch.tensor(slots))
     assert cache.lengths.tolist() == [4, 2, 4]  # nothing moved by a refused call
