@@ -85,14 +85,14 @@ def lockstep(methods: dict[str, Method], clock: Callable[[], float]) -> dict[str
         by_coroutine[r.coroutine] = r
     # Inference mode is a thread-wide state that a method sets on entry and
     # restores on exit: on from here, it stays on whichever method ends first.
-    try:
-        with torch.inference_mode():
+    with torch.inference_mode():
+        try:
             while active := [r for r in runners.values() if not r.done]:
                 min(active, key=lambda r: r.tokens).coroutine.switch()  # min keeps the first of equals
-    finally:  # after an exception, end the paused methods: their `finally` blocks run (hooks off, caches freed)
-        for r in runners.values():
-            if not r.coroutine.dead:
-                r.coroutine.throw()
+        finally:  # after an exception, end the paused methods (hooks off, caches freed) before the mode is restored
+            for r in runners.values():
+                if not r.coroutine.dead:
+                    r.coroutine.throw()
     return {name: (r.seconds, r.result) for name, r in runners.items()}
 
 

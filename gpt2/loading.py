@@ -180,7 +180,9 @@ def check_tied_head(state: dict[str, object], *, source: str) -> None:
     head, wte = names.get("lm_head.weight"), names.get("wte.weight")
     if head is None or wte is None:
         return
-    same = head == wte if isinstance(head, tuple) else head.shape == wte.shape and torch.equal(head, wte)
+    same = head == wte if isinstance(head, tuple) else (  # NaNs in both: check_finite names them
+        (head.shape, head.dtype) == (wte.shape, wte.dtype) and torch.allclose(head, wte, rtol=0, atol=0,
+                                                                              equal_nan=True))
     if not same:
         raise ValueError(f"{source} holds an lm_head.weight that is not its wte.weight: this hand-written GPT-2 "
                          "ties its output layer to the token embedding, as GPT-2 does; load a checkpoint whose "

@@ -97,6 +97,11 @@ def test_a_head_that_is_not_the_embedding_is_refused_not_dropped(tmp_path, state
         load_model(write_checkpoint(tmp_path / "padded", TINY, padded))
     same = {**state, "lm_head.weight": state["wte.weight"].clone()}  # a tied copy loads
     assert_holds(load_model(write_checkpoint(tmp_path / "same", TINY, same)), state)
+    wte = state["wte.weight"].clone()
+    wte[3, 5] = float("nan")  # in both copies: a damaged file, not an untied head
+    damaged = write_checkpoint(tmp_path / "nan", TINY, {**state, "wte.weight": wte, "lm_head.weight": wte.clone()})
+    with pytest.raises(ValueError, match="tensor 'wte.weight' in .* holds NaN or infinite values"):
+        load_model(damaged)
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.bool])

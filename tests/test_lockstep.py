@@ -88,10 +88,16 @@ def test_after_an_error_the_paused_methods_end_and_clean_up():
         raise RuntimeError("boom")
 
     plain = plain_decoding(model, torch.tensor([[1, 2, 3]]), 8)
-    with pytest.raises(RuntimeError, match="boom"):
-        lockstep({"plain": plain, "paused": paused, "broken": broken}, clock=lambda: 0.0)
-    assert ended == ["paused"]
-    assert not model._forward_pre_hooks, "the plain run's pause hook is off the model"
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            lockstep({"plain": plain, "paused": paused, "broken": broken}, clock=lambda: 0.0)
+        assert ended == ["paused"]
+        assert not model._forward_pre_hooks, "the plain run's pause hook is off the model"
+        # Ended after lockstep's inference mode was gone, generate's no_grad restored the state it saw inside it.
+        assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled(), "the thread's autograd mode moved"
+    finally:
+        torch.set_grad_enabled(True)
 
 
 def test_plain_decoding_pauses_before_its_own_passes_only():

@@ -55,8 +55,8 @@ def accelerate(model: GPT2, *, int8: bool = False, adapt_threads: bool = True) -
     The kernels read packed copies of the weight matrices, packed again
     whenever a parameter changes as PyTorch counts changes: in-place ops on
     the parameter (under `torch.no_grad()`), `load_state_dict`, or `p.data =
-    new`; and all of them after any optimizer's step (a fused one does not
-    count its writes). An edit through `p.data.mul_(...)` or a NumPy view is
+    new`; and all of them after a step of an optimizer of the model's
+    parameters (a fused one does not count its writes). An edit through `p.data.mul_(...)` or a NumPy view is
     not counted (`.data` has a version counter of its own): call `accelerate`
     again after one. Passes that torch.compile or torch.jit.trace record take
     the readable path (the recording is of tensor operations).

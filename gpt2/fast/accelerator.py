@@ -163,15 +163,18 @@ class FastGPT2:
         self.watch_optimizers()
 
     def watch_optimizers(self) -> None:
-        """Packs every weight again after any optimizer's step: a fused one (`fused=True`) writes the weights
-        without moving their version counters. (A hook of this object's own, removed when it goes.)"""
+        """Packs every weight again after a step of an optimizer of the model's parameters: a fused one
+        (`fused=True`) writes them without moving their version counters. (A hook of this object's own,
+        removed when it goes.)"""
         self.optimizer_stepped = False
         this = weakref.ref(self)
 
         def stepped(optimizer, args, kwargs) -> None:
             fast = this()
-            if fast is not None:
-                fast.optimizer_stepped = True
+            model = None if fast is None else fast.model()
+            if model is not None and not fast.optimizer_stepped:
+                mine = {id(p) for p in model.parameters()}
+                fast.optimizer_stepped = any(id(p) in mine for group in optimizer.param_groups for p in group["params"])
 
         weakref.finalize(self, register_optimizer_step_post_hook(stepped).remove)
 
@@ -258,8 +261,8 @@ class FastGPT2:
             return False
         if not (x.is_cpu and x.dtype == torch.float32) or autocast_on():
             return False
-        if fwAD.unpack_dual(x).tangent is not None:
-            return False
+        if getattr(fwAD, "_current_level", -1) >= 0 or fwAD.unpack_dual(x).tangent is not None:
+            return False  # forward-mode AD: a tangent on the input or on any parameter
         if cache is not None and not (
             cache_readable(cache.k) and cache_readable(cache.v) and cache.k.stride() == cache.v.stride()
         ):
