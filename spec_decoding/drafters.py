@@ -114,7 +114,8 @@ class ModelDrafter(Drafter):
     """
 
     def __init__(self, model: GPT2, *, p_min: float | None = None) -> None:
-        if p_min is not None and not (isinstance(p_min, (int, float)) and 0.0 <= p_min <= 1.0):
+        if p_min is not None and not (isinstance(p_min, (int, float)) and not isinstance(p_min, bool)
+                                      and 0.0 <= p_min <= 1.0):
             raise ValueError(f"p_min must be a probability in [0, 1] (or None to always draft K), got {p_min!r}")
         check_model(model, "draft")
         self.model = model

@@ -66,6 +66,14 @@ class TreeDrafter:
     spare_tokens = 0  # tokens of the vocabulary never among a node's children (a node has at most V - this)
 
     def __init__(self, draft: GPT2 | ModelDrafter) -> None:
+        """Raises a ValueError for a chain drafter whose way of choosing tokens a tree would drop: a subclass
+        (SimulatedDrafter, ...) or one with p_min."""
+        if isinstance(draft, ModelDrafter) and type(draft) is not ModelDrafter:
+            raise ValueError(f"a {type(draft).__name__} drafts chains: for a tree pass the GPT2 draft model, or a "
+                             "SimulatedTreeDrafter to simulate acceptance")
+        if isinstance(draft, ModelDrafter) and draft.p_min is not None:
+            raise ValueError("p_min stops a chain; a tree keeps its shape: pass the draft model without p_min, "
+                             "or draft a chain (gamma)")
         self.chain = draft if isinstance(draft, ModelDrafter) else ModelDrafter(draft)  # prefill, limits, cache
         self.model, self.cache = self.chain.model, self.chain.cache
         self.committed = 0  # the committed length of the sequence being drafted for

@@ -78,16 +78,9 @@ def tree_speculative_generate(
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_model(target, "target")
     check_callback(on_step, "on_step")
-    if isinstance(draft, ModelDrafter) and type(draft) is not ModelDrafter:  # its own way to pick a chain's tokens
-        raise ValueError(
-            f"a {type(draft).__name__} drafts chains: for a tree pass the GPT2 draft model, or a "
-            "SimulatedTreeDrafter to simulate acceptance"
-        )
-    if isinstance(draft, ModelDrafter) and draft.p_min is not None:
-        raise ValueError("p_min stops a chain; a tree keeps its shape: pass the draft model without p_min, "
-                         "or draft a chain (gamma)")
+    check_callback(on_tree, "on_tree")
     if isinstance(draft, (GPT2, ModelDrafter)):
-        draft = TreeDrafter(draft)
+        draft = TreeDrafter(draft)  # refuses a chain drafter of its own kind, or with p_min
     if not isinstance(draft, TreeDrafter):
         name = type(draft).__name__
         fix = (f"{name} drafts chains, give gamma" if isinstance(draft, Drafter)

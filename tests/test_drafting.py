@@ -140,9 +140,10 @@ def test_p_min_keeps_the_output_and_drafts_less(target, drafts, p_min):
         assert stats.drafted <= stats.draft_calls <= asked
 
 
-def test_p_min_must_be_a_probability(drafts):
+@pytest.mark.parametrize("p_min", [1.5, -0.1, True, "0.5"])  # True was a threshold of 1: it drafted nothing
+def test_p_min_must_be_a_probability(drafts, p_min):
     with pytest.raises(ValueError, match=r"p_min must be a probability in \[0, 1\]"):
-        ModelDrafter(drafts["perturbed"], p_min=1.5)
+        ModelDrafter(drafts["perturbed"], p_min=p_min)
 
 
 @pytest.mark.parametrize("model", ["gpt2", None])
@@ -183,6 +184,25 @@ def test_ngram_needs_a_positive_n():
 
 # A prompt that repeats itself, and one that never does.
 NGRAM_PROMPTS = {"repeating": [[5, 9, 13, 5, 9, 13, 5, 9]], "no repeats": [[1, 2, 3, 4]]}
+
+
+class Int32NgramDrafter(NgramDrafter):
+    """Prompt lookup proposing int32 ids, which check_draft allows (any integer dtype)."""
+
+    def propose(self, *args, **kwargs):
+        draft = super().propose(*args, **kwargs)
+        draft.tokens = draft.tokens.to(torch.int32)
+        return draft
+
+
+def test_a_drafter_proposing_int32_ids_samples_as_with_int64(target):
+    """Sampling made p_draft with one_hot, which takes int64 only: a RuntimeError after the first proposal."""
+    ids = torch.tensor(NGRAM_PROMPTS["repeating"])
+    runs = [speculative_generate(target, drafter, ids, gamma=4, max_new_tokens=NEW_TOKENS, temperature=1.0,
+                                 generator=torch.Generator().manual_seed(3))
+            for drafter in (NgramDrafter(2), Int32NgramDrafter(2))]
+    (out64, stats64), (out32, stats32) = runs
+    assert torch.equal(out32, out64) and stats32.drafted == stats64.drafted > 0
 
 
 @pytest.mark.parametrize("prompt_name", NGRAM_PROMPTS)

@@ -26,6 +26,7 @@ from spec_decoding import (
     SimulatedDrafter,
     SimulatedTreeDrafter,
     SpecStats,
+    TreeDrafter,
     TreeShape,
     speculative_generate,
     tree_speculative_generate,
@@ -348,6 +349,25 @@ def test_bad_tree_settings_raise_a_clear_error_before_any_work(models, how, mess
     draft = BatchDrafter(drafts["perturbed"]) if draft == "BatchDrafter" else draft
     with ForwardRecorder(target) as rec, pytest.raises(ValueError, match=message):
         speculative_generate(target, draft, prompt(), max_new_tokens=5, **how)
+    assert rec.calls == []
+
+
+def test_a_chain_drafter_wrapped_in_a_tree_drafter_is_refused_as_it_is_bare(models):
+    """TreeDrafter(ModelDrafter(d, p_min=...)) and TreeDrafter(SimulatedDrafter(...)) drafted with the plain model:
+    p_min had no effect, and a simulated alpha 1.0 measured 0.6."""
+    target, drafts = models
+    reference = generate(target, prompt(), 10)
+    for chain, message in ((ModelDrafter(drafts["perturbed"], p_min=0.5), "p_min stops a chain; a tree keeps"),
+                           (SimulatedDrafter(drafts["perturbed"], reference, 1.0), "a SimulatedDrafter drafts chains")):
+        with pytest.raises(ValueError, match=message):
+            TreeDrafter(chain)
+    assert TreeDrafter(ModelDrafter(drafts["perturbed"])).model is drafts["perturbed"]  # a plain one is fine
+
+
+def test_on_tree_must_be_a_function_before_any_work(models):
+    target, drafts = models
+    with ForwardRecorder(target) as rec, pytest.raises(ValueError, match="on_tree must be a function"):
+        tree_speculative_generate(target, drafts["perturbed"], prompt(), tree="2,1", max_new_tokens=3, on_tree="x")
     assert rec.calls == []
 
 
