@@ -214,7 +214,7 @@ def check_pass(model: GPT2, input_ids: torch.Tensor, cache: KVCache | None, mask
     if input_ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}")
     if input_ids.device.type == "cpu":  # on a GPU this would wait for the device at every pass
-        low, high = (int(v) for v in input_ids.aminmax())
+        low, high = (int(v) for v in input_ids.aminmax())  # (B, T) -> two scalars
         if low < 0 or high >= config.vocab_size:
             raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside this model's "
                              f"vocabulary 0..{config.vocab_size - 1}")
@@ -238,7 +238,7 @@ def check_pass(model: GPT2, input_ids: torch.Tensor, cache: KVCache | None, mask
                 and mask.dtype == torch.bool):
             got = f"{tuple(mask.shape)} {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
             raise ValueError(f"mask must be a ({T}, W >= {T}) bool tensor, got {got}")
-        if mask.device.type == "cpu" and not mask[:, mask.size(1) - T:].diagonal().all():
+        if mask.device.type == "cpu" and not mask[:, mask.size(1) - T:].diagonal().all():  # (T, T) -> (T,)
             raise ValueError("the mask's diagonal over the new tokens must be True: each token sees itself")
         shortest = 0 if cache is None else int(cache.lengths.min())
         if mask.size(1) - T > shortest:

@@ -126,19 +126,6 @@ def test_too_little_memory_is_not_called_a_corrupt_file(folder, monkeypatch, err
     assert "corrupt" not in str(info.value) and "delete" not in str(info.value)
 
 
-def test_an_unreadable_config_json_is_a_value_error_saying_so(folder, monkeypatch):
-    real_read = Path.read_text
-
-    def refuse(path, *args, **kwargs):
-        if path.name == "config.json":
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_read(path, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", refuse)
-    with pytest.raises(ValueError, match=r"cannot read .*config.json \(Permission denied\): check its permissions"):
-        load_model(folder)
-
-
 def test_a_folder_given_as_str_or_path_loads(folder, state):
     assert_holds(load_model(str(folder)), state)
     assert_holds(load_model(Path(folder)), state)
@@ -355,16 +342,18 @@ def test_truncated_safetensors_raises_value_error(folder, keep_fraction):
         load_model(folder)
 
 
-def test_an_unreadable_safetensors_is_not_called_corrupt(folder, monkeypatch):
-    real_open = Path.open
+@pytest.mark.parametrize("name, method", [("model.safetensors", "open"), ("config.json", "read_text")])
+def test_an_unreadable_file_is_a_value_error_saying_so_not_a_corrupt_one(folder, monkeypatch, name, method):
+    """config.json's PermissionError came through raw; model.safetensors' is not called corrupt."""
+    real = getattr(Path, method)
 
     def refuse(path, *args, **kwargs):
-        if path.name == "model.safetensors":
+        if path.name == name:
             raise PermissionError(13, "Permission denied", str(path))
-        return real_open(path, *args, **kwargs)
+        return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "open", refuse)
-    with pytest.raises(ValueError, match=r"cannot read .*model.safetensors \(Permission denied\): check its"):
+    monkeypatch.setattr(Path, method, refuse)
+    with pytest.raises(ValueError, match=rf"cannot read .*{name} \(Permission denied\): check its permissions"):
         load_model(folder)
 
 
