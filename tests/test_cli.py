@@ -878,7 +878,7 @@ def test_no_network_and_no_local_copy_fails_at_once_in_one_line(tmp_path):
     result = run_cli(tmp_path, "--max-gen", MAX_GEN)
     assert_bad_input(result, "cannot download 'gpt2' (no network?")
     assert "and there is no complete local copy in" in result.stderr
-    assert "connect to the internet once, or put config.json and model.safetensors" in result.stderr
+    assert "connect to the internet and run again (a broken download resumes), or put config.json" in result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert "Retrying" not in result.stderr
 
