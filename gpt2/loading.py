@@ -153,12 +153,18 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path), device="cpu")
 
 
-def checkpoint_to_model_keys(state: dict[str, object]) -> dict[str, object]:
+def checkpoint_to_model_keys(state: dict[str, object], *, source: str) -> dict[str, object]:
     """Maps both checkpoint key layouts onto our parameter names, dropping the
     mask buffers and the tied `lm_head.weight`, which stands in for
     `wte.weight` where a file holds only the head (safetensors' `save_model`
     keeps one name of tied tensors). The values (tensors, or shapes) are kept
-    as they are."""
+    as they are.
+
+    Raises:
+        ValueError: the file holds an `lm_head.weight` beside its `wte.weight`
+            that is not the same matrix: this GPT-2's output layer is the token
+            embedding, so dropping the head would compute other logits.
+    """
     out, head = {}, None
     for key, value in state.items():
         name = key.removeprefix("transformer.")
@@ -166,27 +172,15 @@ def checkpoint_to_model_keys(state: dict[str, object]) -> dict[str, object]:
             head = value
         elif not name.endswith(IGNORED_SUFFIXES):
             out[name] = value
-    if "wte.weight" not in out and head is not None:
+    wte = out.get("wte.weight")
+    if wte is None and head is not None:
         out["wte.weight"] = head  # tied: the same matrix
-    return out
-
-
-def check_tied_head(state: dict[str, object], *, source: str) -> None:
-    """Raises a ValueError if the file holds an `lm_head.weight` beside its
-    `wte.weight` that is not the same matrix (`state`: the file's names, and
-    tensors or shapes): this GPT-2's output layer is the token embedding, so
-    another head would be dropped and other logits computed."""
-    names = {key.removeprefix("transformer."): value for key, value in state.items()}
-    head, wte = names.get("lm_head.weight"), names.get("wte.weight")
-    if head is None or wte is None:
-        return
-    same = head == wte if isinstance(head, tuple) else (  # NaNs in both: check_finite names them
-        (head.shape, head.dtype) == (wte.shape, wte.dtype) and torch.allclose(head, wte, rtol=0, atol=0,
-                                                                              equal_nan=True))
-    if not same:
+    elif head is not None and not (head == wte if isinstance(head, tuple) else (  # NaNs in both: check_finite's
+            (head.shape, head.dtype) == (wte.shape, wte.dtype) and torch.equal(head.nan_to_num(), wte.nan_to_num()))):
         raise ValueError(f"{source} holds an lm_head.weight that is not its wte.weight: this hand-written GPT-2 "
                          "ties its output layer to the token embedding, as GPT-2 does; load a checkpoint whose "
                          "head is the embedding")
+    return out
 
 
 def stored_shapes(config: GPT2Config) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
@@ -350,12 +344,8 @@ def load_model(
     config = GPT2Config.from_hf_config(folder / "config.json")
     path = folder / "model.safetensors"
     # config.json against the file's header first: nothing sized by the config is made before it fits.
-    shapes = read_shapes(path)
-    check_tied_head(shapes, source=str(path))
-    check_fits_config(checkpoint_to_model_keys(shapes), config, source=str(path))
-    state = load_state_dict(path)
-    check_tied_head(state, source=str(path))
-    state = checkpoint_to_model_keys(state)
+    check_fits_config(checkpoint_to_model_keys(read_shapes(path), source=str(path)), config, source=str(path))
+    state = checkpoint_to_model_keys(load_state_dict(path), source=str(path))
     check_finite(state, source=str(path))
     with torch.device("meta"):
         model = GPT2(config)  # shapes only: no memory, no random init

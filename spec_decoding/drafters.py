@@ -33,7 +33,8 @@ class Draft:
     """The k <= K tokens a drafter proposed.
 
     Attributes:
-        tokens: (k,) LongTensor of drafted token ids (k may be 0).
+        tokens: (k,) integer tensor of drafted token ids, int64 or another
+            integer dtype (k may be 0).
         probs: (k, V) float32 draft distributions they were sampled from
             (`logits_to_probs` of the draft's logits); None when greedy, and
             None from a drafter whose proposals are not sampled (`NgramDrafter`):

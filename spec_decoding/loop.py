@@ -190,7 +190,8 @@ def speculative_generate(
             target_probs = logits_to_probs(logits, sampling)  # (K + 1, V)
             draft_probs = proposal.probs
             if draft_probs is None:  # deterministic proposals: p_draft is the point mass on each token
-                draft_probs = F.one_hot(proposal.tokens.long(), target.config.vocab_size).to(target_probs.dtype)
+                tokens = proposal.tokens.long()  # (k,): one_hot takes int64 ids alone
+                draft_probs = F.one_hot(tokens, target.config.vocab_size).to(target_probs.dtype)  # (k, V)
             verdict = speculative_sampling(target_probs, draft_probs, proposal.tokens, generator=generator)
         t2 = clock(device)
 
