@@ -35,6 +35,9 @@ from .stats import clock
 
 CONTEXT = 256  # tokens in the KV caches while timing: a pass's cost grows with it, t_v(k) faster for larger k
 ROUNDS = 5  # each kind of pass is timed once per round (see relative_medians)
+# Untimed decode steps of each model first: the fast path settles each model's thread count over its first passes
+# (gpt2/fast/threads.py), and a draft timed before it has settled can look several times slower on a busy machine.
+WARMUP_STEPS = 24
 Kind = tuple[str, int]  # a kind of pass: ("target" or "draft", tokens in it)
 
 
@@ -81,7 +84,8 @@ def non_decreasing(values: list[float]) -> tuple[float, ...]:
 @torch.inference_mode()
 def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = ROUNDS) -> StepCosts:
     """Times t_d and t_v(k), k = 1 .. max_tokens, now: in `rounds` rounds that
-    each time one pass of every kind, after one untimed warm-up round. A
+    each time one pass of every kind, after WARMUP_STEPS untimed decode steps
+    of each model and one untimed round. A
     shared machine's speed swings from one second to the next, and auto's
     choice depends on the costs' ratios, not their level: so each pass is
     taken relative to t_v(1) of its own round (`relative_medians`). Every k
@@ -103,6 +107,10 @@ def measure(target: GPT2, draft: GPT2 | None, max_tokens: int, *, rounds: int = 
         context = torch.arange(lengths[name], device=device)[None] % model.config.vocab_size  # (1, length)
         if lengths[name] > 0:
             model(context, caches[name], last_logits_only=True)
+        step = torch.zeros((1, 1), dtype=torch.long, device=device)  # (1, 1): token 0, one position after it
+        for _ in range(WARMUP_STEPS):
+            model(step, caches[name])
+            caches[name].rewind(lengths[name])
     passes = [("target", k) for k in ks] + ([("draft", 1)] if draft is not None else [])
     seconds: dict[Kind, list[float]] = {p: [] for p in passes}
     for round_ in range(rounds + 1):

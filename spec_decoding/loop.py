@@ -88,7 +88,8 @@ def speculative_generate(
         eos_id: end-of-text token id, or None.
         generator: randomness for drafting and verification (a
             torch.Generator, or a list of one; a batch takes one per row);
-            the same seed reproduces the output.
+            the same seed reproduces the output (with gamma="auto", once
+            its calibration is stored: its K follows the measured costs).
         on_step: optional callback `on_step(verdict_tokens, num_accepted)`
             called after each step with the tokens it committed (for streaming).
         stats: optional fresh `SpecStats(max_gamma)` (the integer gamma, or

@@ -136,7 +136,9 @@ class AutoGamma(GammaSchedule):
     step and fades as soon as drafts are judged. Plain steps judge nothing but
     still enter the window: after `window` of them α̂ is back at the prior, and
     if that makes drafting pay, drafting is tried again (a step that stopped
-    drafting because α̂ fell is not final).
+    drafting because α̂ fell is not final). If the prior alone says drafting
+    does not pay (a slow draft), no draft is ever judged and α is never
+    learnt: give a higher prior_alpha where the draft is known to agree.
 
     Args:
         costs: t_d and t_v(k) for k up to max_gamma + 1 (`costs.calibrate`).

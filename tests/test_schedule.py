@@ -243,6 +243,27 @@ def test_step_costs_refuse_nonsense():
 CONFIG = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=32)
 
 
+def test_calibration_times_each_model_after_its_first_passes(monkeypatch):
+    # On a fake clock: a target pass costs 10 + k, a draft pass 5 for its first 8 passes and 1 after them (the
+    # fast path settling its thread count on a busy machine). Timed right after the prefill, t_d would be 5.
+    now, calls = [0.0], {"target": 0, "draft": 0}
+    monkeypatch.setattr(spec_decoding.costs, "clock", lambda device: now[0])
+    target, draft = tiny_gpt2(CONFIG, seed=0), tiny_gpt2(CONFIG, seed=1)
+
+    def costing(name):
+        def hook(module, args):
+            calls[name] += 1
+            k = args[0].size(1)
+            now[0] += 10.0 + k if name == "target" else 5.0 if calls[name] <= 8 else 1.0
+        return hook
+
+    target.register_forward_pre_hook(costing("target"))
+    draft.register_forward_pre_hook(costing("draft"))
+    costs = spec_decoding.costs.measure(target, draft, 4)
+    assert costs.t_draft == pytest.approx(1.0)
+    assert costs.t_verify == pytest.approx((11.0, 12.0, 13.0, 14.0))
+
+
 def test_calibration_is_measured_once_then_read_from_disk(tmp_path, monkeypatch):
     target, draft = tiny_gpt2(CONFIG, seed=0), tiny_gpt2(CONFIG, seed=1)
     costs = calibrate(target, draft, 13, cache_dir=tmp_path)
