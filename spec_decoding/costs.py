@@ -167,6 +167,7 @@ def calibration_key(target: GPT2, draft: GPT2 | None, max_tokens: int) -> dict:
         "max_tokens": max_tokens,
         "context": CONTEXT,
         "rounds": ROUNDS,
+        "warmup_steps": WARMUP_STEPS,  # calibrations stored before the warm-up steps existed are measured again
     }
 
 
