@@ -37,9 +37,13 @@ class TokenTree:
     parents: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        assert len(self.tokens) == len(self.parents) >= 1, "a tree has a root and one parent per node"
-        assert self.parents[0] == -1, "node 0 is the root"
-        assert all(0 <= p < i for i, p in enumerate(self.parents) if i), f"parents must come first: {self.parents}"
+        """Raises a ValueError unless there is a root and one parent per node, each before its node."""
+        if not len(self.tokens) == len(self.parents) >= 1:
+            raise ValueError(f"a tree has a root and one parent per node: {len(self.tokens)} tokens, "
+                             f"{len(self.parents)} parents")
+        if self.parents[0] != -1 or not all(0 <= p < i for i, p in enumerate(self.parents) if i):
+            raise ValueError(f"parents must be -1 for the root (node 0), then each node's parent an earlier "
+                             f"node: {self.parents}")
 
     @property
     def size(self) -> int:

@@ -49,6 +49,33 @@ class TreeDraft:
     fed: int
 
 
+def check_tree_draft(draft: TreeDraft, root: int, vocab_size: int, max_depth: int, max_nodes: int, sampling: bool,
+                     drafter: object) -> None:
+    """Raises a ValueError naming the `drafter` (a subclass written elsewhere)
+    unless `draft` is what the loop can verify: a TreeDraft whose tree has
+    the pending token `root` as its root, at most `max_nodes` drafted nodes,
+    at most `max_depth` levels, token ids in 0..V-1, distinct siblings
+    (`tree_sampling` judges each child against the draft distribution without
+    its elder siblings), and (N, V) probs when `sampling`."""
+    tree, probs = getattr(draft, "tree", None), getattr(draft, "probs", None)
+    siblings = set() if not isinstance(tree, TokenTree) else {(p, t) for p, t in zip(tree.parents, tree.tokens)}
+    problem = None
+    if not isinstance(draft, TreeDraft) or not isinstance(tree, TokenTree):
+        problem = f"a TreeDraft holding a TokenTree, got {type(draft).__name__}"
+    elif tree.tokens[0] != root:
+        problem = f"a tree whose root is the last committed token {root}, got {tree.tokens[0]}"
+    elif tree.size - 1 > max_nodes or tree.depth > max_depth:
+        problem = f"at most {max_nodes} nodes {max_depth} deep, got {tree.size - 1} nodes {tree.depth} deep"
+    elif any(not 0 <= t < vocab_size for t in tree.tokens):
+        problem = f"token ids in 0..{vocab_size - 1}, got {list(tree.tokens)}"
+    elif len(siblings) < tree.size:
+        problem = f"distinct tokens among siblings (draw them without replacement), got {list(tree.tokens)}"
+    elif sampling and (not isinstance(probs, torch.Tensor) or probs.shape != (tree.size, vocab_size)):
+        problem = f"probs of shape ({tree.size}, {vocab_size}) when sampling, got {getattr(probs, 'shape', probs)}"
+    if problem is not None:
+        raise ValueError(f"{type(drafter).__name__}.propose must return {problem}")
+
+
 def draw_without_replacement(q: torch.Tensor, count: int, generator: torch.Generator | None) -> list[int]:
     """`count` distinct tokens drawn one after another from q, (V,): each from
     q without the tokens drawn before it, renormalised (fewer if q has fewer

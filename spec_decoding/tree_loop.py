@@ -31,7 +31,7 @@ from .schedule import check_draft_length
 from .stats import SpecStats, clock
 from .tree import TokenTree, TreeShape
 from .tree_acceptance import TreeVerdict, tree_greedy, tree_sampling
-from .tree_drafting import TreeDraft, TreeDrafter
+from .tree_drafting import TreeDraft, TreeDrafter, check_tree_draft
 
 
 @torch.no_grad()
@@ -130,6 +130,8 @@ def tree_speculative_generate(
             proposal = drafter.propose(
                 seq[:, :S], shape, max_depth=max_depth, max_nodes=max_nodes, sampling=sampling, generator=generator
             )
+            check_tree_draft(proposal, int(seq[0, S - 1]), target.config.vocab_size, max_depth, max_nodes,
+                             not sampling.greedy, drafter)
             tree_now = proposal.tree
         else:  # no room to draft: a plain target step, verifying only the pending token
             tree_now = TokenTree((int(seq[0, S - 1]),), (-1,))

@@ -14,6 +14,8 @@ and the errors.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -26,6 +28,7 @@ from spec_decoding import (
     SimulatedDrafter,
     SimulatedTreeDrafter,
     SpecStats,
+    TokenTree,
     TreeDrafter,
     TreeShape,
     speculative_generate,
@@ -362,6 +365,47 @@ def test_a_chain_drafter_wrapped_in_a_tree_drafter_is_refused_as_it_is_bare(mode
         with pytest.raises(ValueError, match=message):
             TreeDrafter(chain)
     assert TreeDrafter(ModelDrafter(drafts["perturbed"])).model is drafts["perturbed"]  # a plain one is fine
+
+
+class WithReplacement(TreeDrafter):
+    """Children drawn independently, so siblings can repeat: tree_sampling's residuals then judge the second copy
+    against the wrong distribution (3,775 of 4,000 trees "4" had a repeat; chi-square 774 against 94.5)."""
+
+    def candidates(self, path, q, count, sampling, generator):
+        tokens = torch.multinomial(q, count, replacement=True, generator=generator).tolist()
+        return [(t, float(q[t])) for t in tokens]
+
+
+class Proposing(TreeDrafter):
+    """Proposes whatever `edit` makes of the real proposal."""
+
+    def __init__(self, model, edit) -> None:
+        super().__init__(model)
+        self.edit = edit
+
+    def propose(self, seq, shape, **kwargs):
+        return self.edit(super().propose(seq, shape, **kwargs))
+
+
+def test_a_tree_drafter_written_elsewhere_is_checked_and_named(models):
+    target, drafts = models
+    draft = drafts["unrelated"]
+    with pytest.raises(ValueError, match="WithReplacement.propose must return distinct tokens among siblings"):
+        tree_speculative_generate(target, WithReplacement(draft), prompt(), tree="16", max_new_tokens=20,
+                                  temperature=1.0, generator=torch.Generator().manual_seed(0))
+    bad = {
+        "a TreeDraft holding a TokenTree": lambda d: d.tree,
+        "a tree whose root is the last committed token 4": lambda d: replace(d, tree=TokenTree((5, *d.tree.tokens[1:]),
+                                                                                        d.tree.parents)),
+        "token ids in 0..63": lambda d: replace(d, tree=TokenTree((*d.tree.tokens[:-1], 64), d.tree.parents)),
+        "at most 60 nodes 2 deep, got 5 nodes 3 deep": lambda d: replace(d, tree=TokenTree((*d.tree.tokens, 9),
+                                                                          (*d.tree.parents, d.tree.size - 1))),
+        "probs of shape": lambda d: replace(d, probs=None),
+    }
+    for message, edit in bad.items():
+        with pytest.raises(ValueError, match=f"Proposing.propose must return {message}"):
+            tree_speculative_generate(target, Proposing(draft, edit), prompt(), tree="2,1", max_new_tokens=20,
+                                      temperature=1.0, generator=torch.Generator().manual_seed(0))
 
 
 def test_on_tree_must_be_a_function_before_any_work(models):
