@@ -244,6 +244,7 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
             stats, stop=stop, length=len(prompt_ids) + len(stream.tokens),
             draft_n_ctx=None if draft is None else draft.config.n_ctx, timings=timings, drafter=drafter_name,
             schedule=None if schedule is None else schedule.describe(),
+            drafts_in_full=args.draft != NGRAM_DRAFT and args.draft_p_min is None,
         )
         if args.compare:
             report.print_comparison(comparison, stream.tokens, tokenizer)
@@ -589,6 +590,9 @@ def target_step_seconds(target, input_ids, steps: int = 5) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     if sys.stderr is None:  # started with stderr closed (2>&-): print would send progress and errors to stdout
         sys.stderr = open(os.devnull, "w", encoding="utf-8")
+    if sys.stdout is None:  # started with stdout closed (>&-): nowhere to write the text, so no work
+        print("error: standard output is closed: run without >&- (or send it to /dev/null)", file=sys.stderr)
+        return EXIT_UNEXPECTED
     for stream in (sys.stdout, sys.stderr):  # --help and the text: a non-UTF-8 terminal shows '?', no crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")

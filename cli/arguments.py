@@ -319,6 +319,7 @@ def read_prompt(args: argparse.Namespace) -> str:
         text = unicode_text(sys.stdin.read(), "the prompt read from stdin")
     except UnicodeDecodeError:
         raise ValueError("the prompt read from stdin is not UTF-8 text: save or type it as UTF-8") from None
+    text = text.removeprefix("\ufeff")  # a byte-order mark (Windows editors write one), as --prompts-file drops it
     if text.endswith("\n"):  # `echo text |` adds one
         text = text[:-2] if text.endswith("\r\n") else text[:-1]
     if text == "":

@@ -136,12 +136,14 @@ def expected_tokens(stats: SpecStats) -> float:
 
 def print_stats(
     stats: SpecStats, *, stop: str, length: int, draft_n_ctx: int | None, timings: dict, drafter: str,
-    schedule: str | None,
+    schedule: str | None, drafts_in_full: bool = True,
 ) -> None:
     """The stats block: tokens, the drafter and (a chain) the K it was asked
     for, α, tokens per target call, plain steps, forward calls, speed.
     `length`: prompt + new tokens; `draft_n_ctx`: None without a draft
-    model; `schedule`: `GammaSchedule.describe()`, None for a tree."""
+    model; `schedule`: `GammaSchedule.describe()`, None for a tree;
+    `drafts_in_full`: the drafter proposes every token asked for, so eq. 1
+    applies (not prompt lookup or p_min, which may propose fewer)."""
     judged = stats.judged
     gamma = stats.gamma
     rows = [
@@ -150,7 +152,7 @@ def print_stats(
     ]
     if stats.tree is None:
         rows.append(("γ per step", describe_gammas(stats, schedule)))
-    expected = expected_tokens(stats)
+    expected = f"; {expected_tokens(stats):.2f} expected at this α, Leviathan et al. eq. 1" if drafts_in_full else ""
     if stats.drafted and stats.tree is not None:
         rows += tree_rows(stats)
     elif stats.drafted:
@@ -163,8 +165,7 @@ def print_stats(
             ),
             (
                 "tokens/target call",
-                f"{stats.tokens_per_target_call:.2f} (at most {gamma + 1}; "
-                f"{expected:.2f} expected at this α, Leviathan et al. eq. 1)",
+                f"{stats.tokens_per_target_call:.2f} (at most {gamma + 1}{expected})",
             ),
         ]
     else:

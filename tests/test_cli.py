@@ -18,6 +18,7 @@ gain from threads, and spinning threads slow them down badly on a busy machine.
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import pty
@@ -332,6 +333,8 @@ def test_prompt_lookup_needs_no_draft_model(capsys, folders, single_thread):
     assert "identical to the target alone, token for token (20 tokens)" in result.stdout
     assert re.search(r"drafter\s+prompt lookup \(n-gram, suffixes of up to 2 tokens, no model\)", result.stdout)
     assert "loading draft" not in result.stderr  # no model was loaded
+    # Eq. 1 assumes every step drafts what it asks: prompt lookup proposes fewer, so no expectation is shown.
+    assert re.search(r"tokens/target call\s+\d+\.\d\d \(at most 5\)\n", result.stdout), result.stdout
     json_run = run_main(capsys, "--target", str(folders["target"]), "--draft", "ngram", "--max-gen", MAX_GEN,
                         "-p", prompt, "--json")
     out = json.loads(json_run.stdout)
@@ -723,15 +726,18 @@ def test_bad_settings(capsys, args, message):
 
 @pytest.mark.parametrize("stdin", ["", "\n"], ids=["empty", "blank"])
 def test_an_empty_prompt_from_stdin(capsys, monkeypatch, stdin):
-    import io
-
     monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
     assert_bad_input(run_main(capsys, "-p", "-"), "the prompt read from stdin is empty")
 
 
-def test_a_closed_or_undecodable_stdin(capsys, monkeypatch):
-    import io
+def test_a_byte_order_mark_before_the_prompt_from_stdin_is_dropped(capsys, monkeypatch, folders, single_thread):
+    # As --prompts-file drops it: the model saw three more tokens (171, 119, 123) before "Hello world".
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\ufeffHello world\r\n"))
+    out = json.loads(run_main(capsys, *local_models(folders), "-p", "-", "--json").stdout)
+    assert out["prompt"] == "Hello world" and out["prompt_token_ids"] == [15496, 995]
 
+
+def test_a_closed_or_undecodable_stdin(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", None)  # what Python gives a process started with stdin closed (<&-)
     assert_bad_input(run_main(capsys, "-p", "-"), "'-p -' reads the prompt from stdin, but stdin is closed")
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9\n"), encoding="utf-8"))
@@ -768,6 +774,15 @@ def test_with_stderr_closed_nothing_meant_for_it_reaches_stdout(tmp_path):
     done = subprocess.run(["bash", "-c", command], cwd=REPO_ROOT, env=cli_env(tmp_path), capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == "", done.stdout
+
+
+def test_with_stdout_closed_it_stops_before_any_work(tmp_path, folders):
+    # sys.stdout is None then: the run loaded both models and ended in "unexpected AttributeError" from isatty.
+    command = shlex.join([sys.executable, str(SCRIPT), *ON_CPU, *local_models(folders)]) + " >&-"
+    done = subprocess.run(["bash", "-c", command], cwd=REPO_ROOT, env=cli_env(tmp_path), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr == "error: standard output is closed: run without >&- (or send it " \
+        "to /dev/null)\n", done.stderr
 
 
 def test_draft_and_target_with_different_vocabularies(capsys, folders, single_thread):
