@@ -32,14 +32,14 @@ from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
 from .acceptance import Verdict, speculative_sampling, speculative_sampling_greedy
-from .batch_drafters import BatchDraft, BatchDrafter
-from .drafters import Drafter, ModelDrafter
+from .batch_drafters import BatchDraft, BatchDrafter, check_batch_draft
+from .drafters import Drafter, ModelDrafter, check_drafter_fits
 from .schedule import check_draft_length
 from .stats import BatchStats, clock
 
 
-def batch_drafter(draft, vocab_size: int) -> BatchDrafter:
-    """`draft` as a BatchDrafter: a GPT2 or a plain ModelDrafter is wrapped."""
+def batch_drafter(draft, target: GPT2) -> BatchDrafter:
+    """`draft` as a BatchDrafter (a GPT2 or a plain ModelDrafter is wrapped), checked against the target."""
     if isinstance(draft, GPT2):
         drafter = BatchDrafter(draft)
     elif type(draft) is ModelDrafter and draft.p_min is None:  # a plain model drafter: nothing of it is lost
@@ -55,11 +55,7 @@ def batch_drafter(draft, vocab_size: int) -> BatchDrafter:
             f"for a batch the draft must be a loaded GPT2 model or a BatchDrafter (spec_decoding.batch_drafters), "
             f"got {type(draft).__name__}{one_prompt}"
         )
-    if drafter.vocab_size != vocab_size:
-        raise ValueError(
-            f"draft and target have different vocabularies ({drafter.vocab_size} vs {vocab_size} tokens): "
-            "pick a draft model from the target's family"
-        )
+    check_drafter_fits(drafter, target)  # the vocabulary and the device
     return drafter
 
 
@@ -159,7 +155,7 @@ def batch_speculative_generate(
     sampling = SamplingConfig(temperature, top_k, top_p)
     gamma = check_draft_length(gamma, "gamma", target.config.n_ctx)  # tokens drafted per step
     max_new_tokens = check_max_new_tokens(max_new_tokens)
-    drafter = batch_drafter(draft, target.config.vocab_size)
+    drafter = batch_drafter(draft, target)
     as_tensor = isinstance(input_ids, torch.Tensor) and lengths is None
     rows = check_prompts(input_ids, lengths, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
@@ -208,6 +204,7 @@ def decode_rows(
         K = [min(gamma, max_len[b] - s - 1, drafter.max_draft(s)) for b, s in zip(ids, S)]
         t0 = clock(device)
         proposal = drafter.propose(seqs, S, K, sampling, generators, ids)
+        check_batch_draft(proposal, K, target.config.vocab_size, not sampling.greedy, drafter, device)
         t1 = clock(device)
 
         # Verify: row i feeds its pending token and its K_i drafts, after

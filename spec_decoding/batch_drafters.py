@@ -24,7 +24,7 @@ from gpt2.generate import check_model, prefill_rows
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
-from .drafters import position_coins
+from .drafters import check_reference, position_coins
 
 
 @dataclass
@@ -44,6 +44,36 @@ class BatchDraft:
     probs: torch.Tensor | None
     num_drafted: list[int]
     forward_calls: int
+
+
+def drafted_mask(K: list[int], device: torch.device) -> torch.Tensor:
+    """(B, max K) bool: [b, j] = row b drafted a j-th token (j < K_b)."""
+    return torch.arange(max(K), device=device)[None] < torch.tensor(K, device=device)[:, None]
+
+
+def check_batch_draft(draft: BatchDraft, K: list[int], vocab_size: int, sampling: bool, drafter: object,
+                      device: torch.device) -> None:
+    """Raises a ValueError naming the `drafter` (one written elsewhere) unless
+    `draft` is what the batch loop can verify: a BatchDraft of num_drafted =
+    the `K` asked of each row, tokens (B, >= max K) integer ids on `device`,
+    in 0..V-1 where drafted, and probs (B, >= max K, V) when `sampling`."""
+    tokens, probs, B, K_max = getattr(draft, "tokens", None), getattr(draft, "probs", None), len(K), max(K)
+    problem = None
+    if not isinstance(draft, BatchDraft) or not isinstance(tokens, torch.Tensor):
+        problem = f"a BatchDraft holding a tensor of tokens, got {type(draft).__name__}"
+    elif list(draft.num_drafted) != list(K):
+        problem = f"num_drafted = the tokens asked of each row, {list(K)}, got {draft.num_drafted}"
+    elif tokens.dim() != 2 or tokens.size(0) != B or tokens.size(1) < K_max or tokens.device != device or \
+            tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        problem = (f"({B}, >= {K_max}) integer token ids on {device}, got a {tokens.dtype} tensor of shape "
+                   f"{tuple(tokens.shape)} on {tokens.device}")
+    elif bool(((tokens[:, :K_max] < 0) | (tokens[:, :K_max] >= vocab_size))[drafted_mask(K, device)].any()):
+        problem = f"token ids in 0..{vocab_size - 1}, got {tokens.tolist()}"
+    elif sampling and (not isinstance(probs, torch.Tensor) or probs.dim() != 3 or probs.size(0) != B
+                       or probs.size(1) < K_max or probs.size(2) != vocab_size):
+        problem = f"probs of shape ({B}, >= {K_max}, {vocab_size}) when sampling, got {getattr(probs, 'shape', probs)}"
+    if problem is not None:
+        raise ValueError(f"{type(drafter).__name__}.propose must return {problem}")
 
 
 class BatchDrafter:
@@ -185,6 +215,8 @@ class SimulatedBatchDrafter(BatchDrafter):
         if not self.references:
             raise ValueError(f"references must hold each row's greedy token ids, prompt included (gpt2.generate's "
                              f"output for the batch, a list of token-id lists), got {references!r:.60}")
+        for b, reference in enumerate(self.references):
+            check_reference(reference, self.vocab_size, f"the reference of row {b}")
         self.alpha = alpha
         length = max(max(map(len, self.references)), model.config.n_ctx) + 1
         self.coins = position_coins(seed, first_row + len(self.references), length)[first_row:]  # [row][position]

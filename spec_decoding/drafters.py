@@ -67,6 +67,30 @@ def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: 
         raise ValueError(f"{type(drafter).__name__}.propose must return {problem}")
 
 
+def check_drafter_fits(drafter: object, target: GPT2) -> None:
+    """Raises a ValueError unless the drafter's vocabulary (if it has one) is the
+    target's and its model (if it has one) is on the target's device."""
+    vocab_size = getattr(drafter, "vocab_size", None)
+    if vocab_size is not None and vocab_size != target.config.vocab_size:
+        raise ValueError(
+            f"draft and target have different vocabularies ({vocab_size} vs "
+            f"{target.config.vocab_size} tokens): pick a draft model from the target's family"
+        )
+    model = getattr(drafter, "model", None)
+    if isinstance(model, GPT2) and model.device != target.device:
+        raise ValueError(f"the draft is on {model.device}, the target on {target.device}: load both on one "
+                         f"device (load_model(..., device=...) or model.to(device))")
+
+
+def check_reference(reference: list[int], vocab_size: int, what: str = "reference") -> None:
+    """Raises a ValueError unless every id of a simulated drafter's `reference`
+    lies in 0..vocab_size-1: it feeds them to its draft model."""
+    bad = next((t for t in reference if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"{what} holds token id {bad}, outside the draft's vocabulary 0..{vocab_size - 1}: give "
+                         "the target's greedy output (gpt2.generate)")
+
+
 class Drafter(ABC):
     """What the decoding loop asks of a drafter.
 
@@ -233,6 +257,7 @@ class SimulatedDrafter(ModelDrafter):
             raise ValueError(f"reference must be a tensor of the target's greedy token ids, prompt included "
                              f"(gpt2.generate's output), got {type(reference).__name__}")
         self.reference = reference.flatten().tolist()  # the target's greedy sequence, prompt included
+        check_reference(self.reference, self.vocab_size)
         self.alpha = alpha
         self.coins = position_coins(seed, 1, max(len(self.reference), model.config.n_ctx) + 1)[0]
 

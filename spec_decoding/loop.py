@@ -29,7 +29,7 @@ from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 from .acceptance import speculative_sampling, speculative_sampling_greedy
 from .batch import batch_speculative_generate, row_generators
 from .batch_drafters import BatchDrafter
-from .drafters import Draft, Drafter, ModelDrafter, check_draft
+from .drafters import Draft, Drafter, ModelDrafter, check_draft, check_drafter_fits
 from .schedule import GammaSchedule, make_schedule, next_gamma
 from .stats import BatchStats, SpecStats, clock
 from .tree import TreeShape
@@ -141,11 +141,7 @@ def speculative_generate(
         raise ValueError(f"the draft must be a loaded GPT2 model or a drafter (spec_decoding.drafters), got "
                          f"{type(draft).__name__}: {fix}")
     drafter = draft
-    if drafter.vocab_size is not None and drafter.vocab_size != target.config.vocab_size:
-        raise ValueError(
-            f"draft and target have different vocabularies ({drafter.vocab_size} vs "
-            f"{target.config.vocab_size} tokens): pick a draft model from the target's family"
-        )
+    check_drafter_fits(drafter, target)  # the vocabulary and the device
     check_prompt(input_ids, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
     check_generator(generator, sampling, target.device)

@@ -25,7 +25,7 @@ import torch
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
-from .drafters import ModelDrafter, position_coins
+from .drafters import ModelDrafter, check_reference, position_coins
 from .tree import TokenTree, TreeShape
 from .tree_acceptance import without
 
@@ -283,6 +283,7 @@ class SimulatedTreeDrafter(TreeDrafter):
             raise ValueError(f"reference must be a tensor of the target's greedy token ids, prompt included "
                              f"(gpt2.generate's output), got {type(reference).__name__}")
         self.reference = reference.flatten().tolist()
+        check_reference(self.reference, self.vocab_size)
         self.profile = tuple(profile)
         self.coins = position_coins(seed, 1, max(len(self.reference), self.model.config.n_ctx) + 1)[0]
         self.cumulative = list(itertools.accumulate(self.profile))  # P(rank <= r + 1)

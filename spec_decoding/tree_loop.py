@@ -26,7 +26,7 @@ from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
 from .batch_drafters import BatchDrafter
-from .drafters import Drafter, ModelDrafter
+from .drafters import Drafter, ModelDrafter, check_drafter_fits
 from .schedule import check_draft_length
 from .stats import SpecStats, clock
 from .tree import TokenTree, TreeShape
@@ -89,11 +89,7 @@ def tree_speculative_generate(
         raise ValueError(f"a token tree is drafted by a model: pass a loaded GPT2 draft (or a TreeDrafter), got "
                          f"{name}: {fix}")
     drafter = draft
-    if drafter.vocab_size != target.config.vocab_size:
-        raise ValueError(
-            f"draft and target have different vocabularies ({drafter.vocab_size} vs "
-            f"{target.config.vocab_size} tokens): pick a draft model from the target's family"
-        )
+    check_drafter_fits(drafter, target)  # the vocabulary and the device
     check_prompt(input_ids, target.config.n_ctx, target.config.vocab_size)
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
     generator = check_generator(generator, sampling, target.device)

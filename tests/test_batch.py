@@ -10,6 +10,8 @@ distribution of sampled rows is checked in test_batch_lossless.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -385,6 +387,9 @@ def test_batch_drafters_refuse_bad_settings_with_a_value_error(target, drafts):
     too_few = SimulatedBatchDrafter(draft, references[:2], 0.5)
     with pytest.raises(ValueError, match=f"2 references for a batch of {len(PROMPTS)} prompts: give one reference"):
         speculative_generate(target, too_few, PROMPTS, gamma=4, max_new_tokens=NEW_TOKENS)
+    # An id past the vocabulary was fed to the draft model: on CUDA a device-side assert that ends the process's CUDA.
+    with pytest.raises(ValueError, match="the reference of row 1 holds token id 64, outside the draft's vocabulary"):
+        SimulatedBatchDrafter(draft, [references[0], [*references[1], 64]], 0.5)
     as_tensor = SimulatedBatchDrafter(draft, torch.tensor([references[0], references[0]]), 1.0)  # rows of a tensor
     assert as_tensor.references == [references[0], references[0]]
 
@@ -503,6 +508,45 @@ def test_bad_batch_settings_raise_a_value_error(target, drafts):
         speculative_generate(target, ModelDrafter(drafts["perturbed"], p_min=0.5), [[1], [2]], **kwargs)
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 64\), got ids from 1 to 64 \(row 1\)"):
         generate(target, torch.tensor([[1, 2], [3, 64]]), 4)
+
+
+class Proposing(BatchDrafter):
+    """Proposes whatever `edit` makes of the real proposal."""
+
+    def __init__(self, model, edit) -> None:
+        super().__init__(model)
+        self.edit = edit
+
+    def propose(self, *args):
+        return self.edit(super().propose(*args))
+
+
+def test_a_batch_drafter_written_elsewhere_is_checked_and_named(target, drafts):
+    # The batch loop checked nothing: a column short was a RuntimeError, probs None when sampling a TypeError, and
+    # an id past the vocabulary reached the target (on CUDA, a device-side assert).
+    bad = {
+        "num_drafted = the tokens asked of each row": lambda d: replace(d, num_drafted=[0] * len(d.num_drafted)),
+        r"\(2, >= 2\) integer token ids on cpu, got a torch.int64 tensor of shape \(2, 1\)":
+            lambda d: replace(d, tokens=d.tokens[:, :1]),
+        "token ids in 0..63": lambda d: replace(d, tokens=d.tokens + 64),
+        r"probs of shape \(2, >= 2, 64\) when sampling, got None": lambda d: replace(d, probs=None),
+        "a BatchDraft holding a tensor of tokens, got tuple": lambda d: (d.tokens, d.probs),
+    }
+    for message, edit in bad.items():
+        with pytest.raises(ValueError, match=f"Proposing.propose must return {message}"):
+            speculative_generate(target, Proposing(drafts["unrelated"], edit), [[1, 2], [3]], gamma=2,
+                                 max_new_tokens=6, temperature=1.0, generator=torch.Generator().manual_seed(0))
+
+
+def test_a_draft_on_another_device_than_the_target_is_named(target, drafts):
+    # It was found inside the draft's forward pass: "input_ids are on cuda:0, the model on cpu", input_ids the
+    # user never passed. A draft on the meta device stands in for a GPU here.
+    elsewhere = tiny_gpt2(CONFIG, seed=3).to("meta")
+    for prompts in ([[1, 2], [3]], [[1, 2]], torch.tensor([[1, 2]])):
+        with pytest.raises(ValueError, match="the draft is on meta, the target on cpu: load both on one device"):
+            speculative_generate(target, elsewhere, prompts, gamma=2, max_new_tokens=4)
+    with pytest.raises(ValueError, match="the draft is on meta, the target on cpu"):
+        speculative_generate(target, elsewhere, torch.tensor([[1, 2]]), tree="2,1", max_new_tokens=4)
 
 
 @pytest.mark.parametrize("setting, named", [

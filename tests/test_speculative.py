@@ -392,6 +392,9 @@ def test_simulated_drafter_refuses_bad_settings(target, drafts):
             SimulatedDrafter(drafts["unrelated"], reference, alpha)
     with pytest.raises(ValueError, match="reference must be a tensor of the target's greedy token ids"):
         SimulatedDrafter(drafts["unrelated"], reference.tolist(), 0.5)
+    for bad in (-1, 10**6):  # fed to the draft model: on CUDA a device-side assert
+        with pytest.raises(ValueError, match=f"reference holds token id {bad}, outside the draft's vocabulary"):
+            SimulatedDrafter(drafts["unrelated"], torch.cat([reference, torch.tensor([[bad]])], 1), 0.5)
     drafter = SimulatedDrafter(drafts["unrelated"], reference, 0.5)
     with pytest.raises(ValueError, match="greedy decoding only"):
         speculative_generate(target, drafter, prompt(), gamma=2, max_new_tokens=4, temperature=1.0)

@@ -312,6 +312,8 @@ def test_the_simulated_tree_drafter_refuses_bad_settings(models):
             SimulatedTreeDrafter(drafts["unrelated"], reference, profile)
     with pytest.raises(ValueError, match="reference must be a tensor of the target's greedy token ids"):
         SimulatedTreeDrafter(drafts["unrelated"], None, (0.5,))
+    with pytest.raises(ValueError, match="reference holds token id 64, outside the draft's vocabulary 0..63"):
+        SimulatedTreeDrafter(drafts["unrelated"], torch.cat([reference, torch.tensor([[64]])], 1), (0.5,))
     drafter = SimulatedTreeDrafter(drafts["unrelated"], reference, (0.5,))
     with pytest.raises(ValueError, match="greedy decoding only"):
         speculative_generate(target, drafter, prompt(), tree="2", max_new_tokens=4, temperature=1.0)
