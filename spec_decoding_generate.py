@@ -128,6 +128,27 @@ def warm_up(model, input_ids) -> None:
         model(input_ids[:, : model.config.n_ctx])
 
 
+def rehearse(args, sampling, tree, target, draft, schedule, input_ids, tokenizer) -> None:
+    """The run once, untimed and unshown, and with --compare the target alone
+    too: a GPU pays a one-time cost for each new shape of pass (loading and
+    choosing kernels), so the first run at each sequence length would be
+    timed far slower than the next. A copy of the schedule, so that what it
+    learns does not carry over into the timed run. Ctrl-C ends the program."""
+    import copy
+
+    from cli.stream import TokenStream
+    from gpt2 import END_OF_TEXT_ID, generate
+
+    print(f"warming up the {input_ids.device.type} device: the run once, untimed and not shown ...", file=sys.stderr)
+    _, _, interrupted = speculate(args, sampling, tree, target, draft, copy.deepcopy(schedule), input_ids,
+                                  TokenStream(tokenizer, None, False), draw_trees=False)
+    if interrupted:
+        raise KeyboardInterrupt
+    if args.compare:
+        generate(target, input_ids, args.max_gen, temperature=sampling.temperature, top_k=sampling.top_k,
+                 top_p=sampling.top_p, eos_id=END_OF_TEXT_ID, generator=seeded_generator(args.seed, input_ids.device))
+
+
 # ---------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------
@@ -175,6 +196,8 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     drafter_name = drafter_description(args, draft_quantize)
     drafter, schedule = (None, None) if tree is not None else make_drafter_and_schedule(args, target, draft)
     load_seconds = clock(device) - t_load  # with --gamma auto, the step costs' calibration (once per machine)
+    if device.type != "cpu":
+        rehearse(args, sampling, tree, target, draft if tree is not None else drafter, schedule, input_ids, tokenizer)
     # --compare: plain target steps timed right before the speculative run, on the prompt (and after it, on the text)
     target_steps = [target_step_seconds(target, input_ids)] if args.compare else []
 
@@ -439,11 +462,12 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
-def speculate(args, sampling, tree, target, draft, schedule, input_ids, stream):
+def speculate(args, sampling, tree, target, draft, schedule, input_ids, stream, *, draw_trees: bool = True):
     """`speculative_generate` (a chain: `draft` is the drafter, `schedule`
     the γ schedule), or `tree_speculative_generate` when `tree` is a
     TreeShape (`draft` is the draft model), committing into `stream` as it goes. With
-    --show-tree or --debug each verified tree is drawn on stderr. Ctrl-C
+    --show-tree or --debug each verified tree is drawn on stderr (unless not
+    `draw_trees`). Ctrl-C
     stops it; what was committed and counted until then stays.
 
     Returns:
@@ -474,7 +498,7 @@ def speculate(args, sampling, tree, target, draft, schedule, input_ids, stream):
                 tree=tree, max_new_tokens=args.max_gen,
                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                 eos_id=END_OF_TEXT_ID, generator=generator, on_step=stream.on_step, stats=stats,
-                on_tree=report.tree_drawer(stream.tokenizer) if args.show_tree or args.debug else None,
+                on_tree=report.tree_drawer(stream.tokenizer) if draw_trees and (args.show_tree or args.debug) else None,
             )
     except KeyboardInterrupt:
         interrupted = True

@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--device", default="auto",
-        help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (default: auto)",
+        help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (default: auto); off the CPU one prompt's "
+        "run is first made untimed",
     )
     parser.add_argument(
         "--dtype", default="float32",

@@ -204,7 +204,7 @@ def decode_rows(
         K = [min(gamma, max_len[b] - s - 1, drafter.max_draft(s)) for b, s in zip(ids, S)]
         t0 = clock(device)
         proposal = drafter.propose(seqs, S, K, sampling, generators, ids)
-        check_batch_draft(proposal, K, target.config.vocab_size, not sampling.greedy, drafter, device)
+        proposal = check_batch_draft(proposal, K, target.config.vocab_size, not sampling.greedy, drafter, device)
         t1 = clock(device)
 
         # Verify: row i feeds its pending token and its K_i drafts, after

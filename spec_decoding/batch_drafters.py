@@ -16,7 +16,7 @@ with K_b = 0 finishes this step or has outgrown the draft's window for good.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,8 +32,9 @@ class BatchDraft:
     """The tokens drafted for each row of a batch in one step.
 
     Attributes:
-        tokens: (B, K) LongTensor; row b's drafts are tokens[b, :num_drafted[b]]
-            (the rest is filler).
+        tokens: (B, K) tensor of any integer dtype (the loop takes it as
+            int64); row b's drafts are tokens[b, :num_drafted[b]] (the rest
+            is filler).
         probs: (B, K, V) float32 draft distributions the tokens were sampled
             from (rows past num_drafted[b] are zero); None when greedy.
         num_drafted: K_b for each row.
@@ -46,17 +47,24 @@ class BatchDraft:
     forward_calls: int
 
 
+def out_of_range(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Where integer `tokens` of any dtype lie outside 0..vocab_size-1 (bool, their shape)."""
+    ids = tokens.long()  # unsigned dtypes have no < 0
+    return (ids < 0) | (ids >= vocab_size)
+
+
 def drafted_mask(K: list[int], device: torch.device) -> torch.Tensor:
     """(B, max K) bool: [b, j] = row b drafted a j-th token (j < K_b)."""
     return torch.arange(max(K), device=device)[None] < torch.tensor(K, device=device)[:, None]
 
 
 def check_batch_draft(draft: BatchDraft, K: list[int], vocab_size: int, sampling: bool, drafter: object,
-                      device: torch.device) -> None:
-    """Raises a ValueError naming the `drafter` (one written elsewhere) unless
-    `draft` is what the batch loop can verify: a BatchDraft of num_drafted =
-    the `K` asked of each row, tokens (B, >= max K) integer ids on `device`,
-    in 0..V-1 where drafted, and probs (B, >= max K, V) when `sampling`."""
+                      device: torch.device) -> BatchDraft:
+    """`draft` with its tokens as int64, which indexing takes. Raises a
+    ValueError naming the `drafter` (one written elsewhere) unless `draft` is
+    what the batch loop can verify: a BatchDraft of num_drafted = the `K`
+    asked of each row, tokens (B, >= max K) integer ids on `device`, in
+    0..V-1 where drafted, and probs (B, >= max K, V) when `sampling`."""
     tokens, probs, B, K_max = getattr(draft, "tokens", None), getattr(draft, "probs", None), len(K), max(K)
     problem = None
     if not isinstance(draft, BatchDraft) or not isinstance(tokens, torch.Tensor):
@@ -67,13 +75,14 @@ def check_batch_draft(draft: BatchDraft, K: list[int], vocab_size: int, sampling
             tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         problem = (f"({B}, >= {K_max}) integer token ids on {device}, got a {tokens.dtype} tensor of shape "
                    f"{tuple(tokens.shape)} on {tokens.device}")
-    elif bool(((tokens[:, :K_max] < 0) | (tokens[:, :K_max] >= vocab_size))[drafted_mask(K, device)].any()):
+    elif bool(out_of_range(tokens[:, :K_max], vocab_size)[drafted_mask(K, device)].any()):
         problem = f"token ids in 0..{vocab_size - 1}, got {tokens.tolist()}"
     elif sampling and (not isinstance(probs, torch.Tensor) or probs.dim() != 3 or probs.size(0) != B
                        or probs.size(1) < K_max or probs.size(2) != vocab_size):
         problem = f"probs of shape ({B}, >= {K_max}, {vocab_size}) when sampling, got {getattr(probs, 'shape', probs)}"
     if problem is not None:
         raise ValueError(f"{type(drafter).__name__}.propose must return {problem}")
+    return replace(draft, tokens=tokens.long())
 
 
 class BatchDrafter:

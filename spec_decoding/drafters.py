@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -33,8 +33,8 @@ class Draft:
     """The k <= K tokens a drafter proposed.
 
     Attributes:
-        tokens: (k,) integer tensor of drafted token ids, int64 or another
-            integer dtype (k may be 0).
+        tokens: (k,) tensor of drafted token ids of any integer dtype (the
+            loop takes them as int64; k may be 0).
         probs: (k, V) float32 draft distributions they were sampled from
             (`logits_to_probs` of the draft's logits); None when greedy, and
             None from a drafter whose proposals are not sampled (`NgramDrafter`):
@@ -47,10 +47,11 @@ class Draft:
     forward_calls: int
 
 
-def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: torch.device) -> None:
-    """Raises a ValueError naming the `drafter` (one written elsewhere)
-    unless `draft` is what the loop can verify: a Draft of at most K token
-    ids in 0..V-1 (a 1-D integer tensor on `device`), probs None or (k, V)."""
+def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: torch.device) -> Draft:
+    """`draft` with its tokens as int64, which indexing takes. Raises a
+    ValueError naming the `drafter` (one written elsewhere) unless `draft` is
+    what the loop can verify: a Draft of at most K token ids in 0..V-1 (a
+    1-D integer tensor on `device`), probs None or (k, V)."""
     tokens, probs = getattr(draft, "tokens", None), getattr(draft, "probs", None)
     problem = None
     if not isinstance(draft, Draft) or not isinstance(tokens, torch.Tensor):
@@ -59,12 +60,13 @@ def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: 
         problem = f"(k,) integer token ids, got a {tokens.dtype} tensor of shape {tuple(tokens.shape)}"
     elif tokens.numel() > K or tokens.device != device:
         problem = f"at most K = {K} tokens on {device}, got {tokens.numel()} on {tokens.device}"
-    elif tokens.numel() and bool(((tokens < 0) | (tokens >= vocab_size)).any()):
+    elif tokens.numel() and bool(((tokens.long() < 0) | (tokens.long() >= vocab_size)).any()):
         problem = f"token ids in 0..{vocab_size - 1}, got {tokens.tolist()}"
     elif probs is not None and (not isinstance(probs, torch.Tensor) or probs.shape != (tokens.numel(), vocab_size)):
         problem = f"probs None or of shape ({tokens.numel()}, {vocab_size}), got {getattr(probs, 'shape', probs)}"
     if problem is not None:
         raise ValueError(f"{type(drafter).__name__}.propose must return {problem}")
+    return replace(draft, tokens=tokens.long())
 
 
 def check_drafter_fits(drafter: object, target: GPT2) -> None:

@@ -173,7 +173,7 @@ def speculative_generate(
         t0 = clock(device)
         if K > 0:
             proposal = drafter.propose(seq[:, :S], K, sampling, generator)
-            check_draft(proposal, K, target.config.vocab_size, drafter, device)
+            proposal = check_draft(proposal, K, target.config.vocab_size, drafter, device)  # int64 tokens
         else:  # nothing to draft: a plain target step, verifying only the pending token
             proposal = Draft(tokens=seq.new_empty(0), probs=None, forward_calls=0)  # (0,) tokens
         t1 = clock(device)
@@ -187,8 +187,7 @@ def speculative_generate(
             target_probs = logits_to_probs(logits, sampling)  # (K + 1, V)
             draft_probs = proposal.probs
             if draft_probs is None:  # deterministic proposals: p_draft is the point mass on each token
-                tokens = proposal.tokens.long()  # (k,): one_hot takes int64 ids alone
-                draft_probs = F.one_hot(tokens, target.config.vocab_size).to(target_probs.dtype)  # (k, V)
+                draft_probs = F.one_hot(proposal.tokens, target.config.vocab_size).to(target_probs.dtype)  # (k, V)
             verdict = speculative_sampling(target_probs, draft_probs, proposal.tokens, generator=generator)
         t2 = clock(device)
 

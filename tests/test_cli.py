@@ -473,6 +473,26 @@ def test_plain_steps_once_the_sequence_outgrows_the_draft_window(capsys, folders
     assert expected < expected_tokens_per_step(stats["alpha"], 4)
 
 
+def test_the_gpu_rehearsal_shows_nothing_and_leaves_the_schedule_as_it_was(capsys, folders, single_thread):
+    """Off the CPU the run is made once untimed first (`rehearse`); run here on the CPU. It drew every tree of
+    --show-tree on stderr before the real run drew them again."""
+    from cli.arguments import check_settings, check_tree
+    from gpt2 import load_model
+    from spec_decoding import HeuristicGamma, ModelDrafter
+
+    target, draft = (load_model(folders[name], accelerate=False) for name in ("target", "draft"))
+    tokenizer, ids = load_tokenizer(folders["target"]), torch.tensor([[15496, 995]])
+    for extra in (["--tree", "2,1", "--show-tree", "--compare"], ["--gamma", "heuristic", "--temperature", "1"]):
+        args = cli.build_parser().parse_args([*local_models(folders), *extra])
+        schedule = None if "--tree" in extra else HeuristicGamma(max_gamma=12)
+        drafter = draft if schedule is None else ModelDrafter(draft)
+        cli.rehearse(args, check_settings(args), check_tree(args), target, drafter, schedule, ids, tokenizer)
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == "warming up the cpu device: the run once, untimed and not " \
+            "shown ...\n", captured.err
+        assert schedule is None or schedule.K == 5, "the rehearsal's K moves stay in its copy of the schedule"
+
+
 def test_compare_with_a_context_window_of_two(tmp_path, capsys, single_thread):
     """The target's step cost is timed on the prompt's cache, rewound after each step: a window of 2 leaves room
     for one new token and no more, and --compare still predicts (it timed no step, and failed, before)."""

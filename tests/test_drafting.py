@@ -17,6 +17,8 @@ Sampling exactness for the same cases is in test_drafting_lossless.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -25,6 +27,7 @@ from gpt2 import GPT2Config, fast, generate
 from gpt2.fast.quantize import quantize_model_int8
 from gpt2.sampling import SamplingConfig
 from spec_decoding import (
+    BatchDrafter,
     AutoGamma,
     GammaSchedule,
     HeuristicGamma,
@@ -186,23 +189,49 @@ def test_ngram_needs_a_positive_n():
 NGRAM_PROMPTS = {"repeating": [[5, 9, 13, 5, 9, 13, 5, 9]], "no repeats": [[1, 2, 3, 4]]}
 
 
-class Int32NgramDrafter(NgramDrafter):
-    """Prompt lookup proposing int32 ids, which check_draft allows (any integer dtype)."""
+INTEGER_DTYPES = [torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16, torch.uint32, torch.uint64]
+
+
+class CastNgramDrafter(NgramDrafter):
+    """Prompt lookup proposing ids of another integer dtype, which check_draft allows."""
+
+    def __init__(self, n: int, dtype: torch.dtype) -> None:
+        super().__init__(n)
+        self.dtype = dtype
 
     def propose(self, *args, **kwargs):
         draft = super().propose(*args, **kwargs)
-        draft.tokens = draft.tokens.to(torch.int32)
+        draft.tokens = draft.tokens.to(self.dtype)
         return draft
 
 
-def test_a_drafter_proposing_int32_ids_samples_as_with_int64(target):
-    """Sampling made p_draft with one_hot, which takes int64 only: a RuntimeError after the first proposal."""
+class CastBatchDrafter(BatchDrafter):
+    """The batch drafter proposing ids of another integer dtype."""
+
+    def __init__(self, model, dtype: torch.dtype) -> None:
+        super().__init__(model)
+        self.dtype = dtype
+
+    def propose(self, *args):
+        draft = super().propose(*args)
+        return replace(draft, tokens=draft.tokens.to(self.dtype))
+
+
+@pytest.mark.parametrize("dtype", INTEGER_DTYPES, ids=str)
+def test_a_drafter_proposing_ids_of_any_integer_dtype_samples_as_with_int64(target, dtype):
+    """int32 sampling made p_draft with one_hot, which takes int64 only; int16 and int8 indexed the probabilities
+    with a dtype indexing refuses, uint8 as a mask, and the unsigned ones had no < 0 for the range check."""
     ids = torch.tensor(NGRAM_PROMPTS["repeating"])
     runs = [speculative_generate(target, drafter, ids, gamma=4, max_new_tokens=NEW_TOKENS, temperature=1.0,
                                  generator=torch.Generator().manual_seed(3))
-            for drafter in (NgramDrafter(2), Int32NgramDrafter(2))]
-    (out64, stats64), (out32, stats32) = runs
-    assert torch.equal(out32, out64) and stats32.drafted == stats64.drafted > 0
+            for drafter in (NgramDrafter(2), CastNgramDrafter(2, dtype))]
+    (out64, stats64), (out_cast, stats_cast) = runs
+    assert torch.equal(out_cast, out64) and stats_cast.drafted == stats64.drafted > 0
+    draft = perturbed_copy(target, scale=0.05, seed=4)
+    batches = [speculative_generate(target, drafter, [[5, 9, 13], [2]], gamma=3, max_new_tokens=NEW_TOKENS,
+                                    temperature=1.0, generator=[torch.Generator().manual_seed(s) for s in (1, 2)])[0]
+               for drafter in (BatchDrafter(draft), CastBatchDrafter(draft, dtype))]
+    assert batches[0] == batches[1]
 
 
 @pytest.mark.parametrize("prompt_name", NGRAM_PROMPTS)
