@@ -25,7 +25,7 @@ from statistics import median
 
 import torch
 
-from benchmarks.common import ArgumentParser
+from benchmarks.common import ArgumentParser, must
 from benchmarks.common import build_pair, check_range, environment, environment_lines, markdown_table, results_dir
 from benchmarks.common import MAX_SEED, check_caches_fit, run_cli, say, set_threads, shape, timed, write_json
 from benchmarks.decode_speed import BandwidthProbe, weight_bytes
@@ -86,7 +86,7 @@ def spec_run(target: GPT2, draft: GPT2, prompts: list[list[int]], references: li
             rows_of = references[first : first + len(batch)]
             drafter = SimulatedBatchDrafter(draft, rows_of, alpha, seed=seed, first_row=first)
             rows, stats = speculative_generate(target, drafter, batch, gamma=gamma, max_new_tokens=n, on_step=on_step)
-            assert rows == rows_of, "greedy speculative decoding must reproduce plain decoding"
+            must(rows == rows_of, "greedy speculative decoding must reproduce plain decoding")
             for key in totals:
                 totals[key] += getattr(stats, key)
         totals["alpha"] = totals["accepted"] / max(totals["judged"], 1)  # Leviathan's alpha over every row
@@ -99,9 +99,9 @@ def spec_run(target: GPT2, draft: GPT2, prompts: list[list[int]], references: li
 def warm_up(pair, args: argparse.Namespace, prompts: list[list[int]], references: list[list[int]]) -> None:
     """Short uncounted runs at the largest batch (first-touch page faults,
     the kernels' first calls), before any repeat."""
-    B, alone = max(args.batch_sizes), lambda tokens: None
-    plain_run(pair.target, prompts[:B], B, 2)(alone)
-    spec_run(pair.target, pair.draft, prompts[:B], [r[: len(p) + 2] for p, r in zip(prompts, references)], B, 2,
+    B, alone, n = max(args.batch_sizes), lambda tokens: None, min(2, args.new_tokens)  # the references hold n
+    plain_run(pair.target, prompts[:B], B, n)(alone)
+    spec_run(pair.target, pair.draft, prompts[:B], [r[: len(p) + n] for p, r in zip(prompts, references)], B, n,
              max(args.gammas), args.alpha, args.seed)(alone)
     pass_seconds(pair.target, max(args.step_batches), max(args.gammas) + 1, args.context, args.seed)
     pass_seconds(pair.draft, max(args.step_batches), 1, args.context, args.seed)
@@ -157,7 +157,7 @@ def one_repeat(pair, args: argparse.Namespace, prompts: list[list[int]], referen
                 for B in args.batch_sizes for gamma in args.gammas}
     for name, (seconds, result) in lockstep(dict(reversed(methods.items())) if reverse else methods,
                                             lambda: clock(pair.device)).items():
-        assert not name.startswith("plain") or result == references, "plain decoding must not depend on B"
+        must(not name.startswith("plain") or result == references, "plain decoding must not depend on B")
         got[name] = seconds if name.startswith("plain") else (seconds, result)
     gc.collect()
     for B in (list(reversed(args.step_batches)) if reverse else args.step_batches):

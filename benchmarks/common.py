@@ -115,7 +115,7 @@ def results_dir(out: str | Path | None, prefix: str) -> Path:
     if not str(out).strip():
         raise ValueError("--out is empty: give a folder for the results, or leave --out out for "
                          f"benchmarks/results/{prefix}-<UTC time>")
-    folder = Path(out)
+    folder = Path(out).expanduser()  # --out=~/results: no shell expands a ~ after "="
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--out {folder} is a file: give a folder for the results")
     try:
@@ -270,6 +270,13 @@ def timed(fn: Callable, *args, device: torch.device = torch.device("cpu")) -> fl
     t0 = clock(device)
     fn(*args)
     return clock(device) - t0
+
+
+def must(condition: bool, message: str) -> None:
+    """A check of the benchmark's own correctness (an output that must equal greedy decoding): an AssertionError
+    if it fails, which `python -O` cannot strip as it strips `assert`."""
+    if not condition:
+        raise AssertionError(message)
 
 
 def check_range(option: str, value: int | float, low: int | float, high: int | float, why: str = "") -> None:

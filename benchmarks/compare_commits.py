@@ -59,6 +59,9 @@ def build(name, seed, int8=False):
         fast.accelerate(model, int8=int8)
     except ImportError:
         model.prepare_linear_layers()
+        if int8:  # as that checkout quantised: in place, the kernels given the int8 copies
+            from gpt2.quantize import quantize_model_int8
+            quantize_model_int8(model)
     return model
 
 class SameLuck(SimulatedDrafter):
@@ -113,7 +116,8 @@ with torch.inference_mode():
         out, _ = speculative_generate(target, SameLuck(draft, reference, 0.8, seed=3), prompt,
                                       gamma=gamma, max_new_tokens=new_tokens)
         t2 = time.perf_counter()
-        assert torch.equal(plain, reference) and torch.equal(out, reference)
+        if not (torch.equal(plain, reference) and torch.equal(out, reference)):
+            raise AssertionError("greedy decoding changed between runs, or speculative decoding differs from it")
         print(json.dumps({"plain": t1 - t0, "speculative": t2 - t1}), flush=True)
 """
 

@@ -29,7 +29,7 @@ from statistics import median
 
 import torch
 
-from benchmarks.common import ArgumentParser
+from benchmarks.common import ArgumentParser, must
 from benchmarks.common import binary_tree_mask, check_range, environment, environment_lines, logical_cpus
 from benchmarks.common import markdown_table, random_model, results_dir, run_cli, say, set_threads, shape, timed
 from benchmarks.common import MAX_SEED, write_json
@@ -336,7 +336,7 @@ def bench_speedup(args: argparse.Namespace, spinners: Spinners) -> dict:
         methods = {"baseline": plain_decoding(target, prompt, args.gen), "speculative": stepwise(speculative)}
         got = lockstep(dict(reversed(methods.items())) if rep % 2 else methods, lambda: clock(CPU))
         (base_s, _), (spec_s, (out, stats)) = got["baseline"], got["speculative"]
-        assert torch.equal(out, reference), "greedy speculative output must equal greedy decoding"
+        must(torch.equal(out, reference), "greedy speculative output must equal greedy decoding")
         if rep >= args.warmup:
             seconds[phase]["baseline"].append(base_s)
             seconds[phase]["speculative"].append(spec_s)

@@ -36,6 +36,7 @@ from benchmarks.common import (
     environment_lines,
     load_prompt_tokenizer,
     markdown_table,
+    must,
     noisy_copy,
     random_model,
     results_dir,
@@ -114,10 +115,10 @@ def time_methods(target, ids, max_gen, methods: dict[str, Callable], repeats: in
         timed = lockstep(rotated({"plain": plain_decoding(target, ids, max_gen)} | methods, r),
                          lambda: clock(target.device))
         plain, out = timed.pop("plain")
-        assert out[0].tolist() == reference, "plain decoding changed between runs"
+        must(out[0].tolist() == reference, "plain decoding changed between runs")
         plain_seconds.append(plain)
         for name, (seconds, (out, stats)) in timed.items():
-            assert out[0].tolist() == reference, f"{name}: the output differs from plain greedy decoding"
+            must(out[0].tolist() == reference, f"{name}: the output differs from plain greedy decoding")
             results[name]["seconds"].append(seconds)
             results[name]["ratios"].append(plain / seconds)
             results[name]["stats"] = stats.to_dict()

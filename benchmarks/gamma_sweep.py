@@ -28,7 +28,7 @@ from tqdm import tqdm
 from benchmarks import sweep_report
 from benchmarks.common import ArgumentParser, ModelPair, build_pair, check_caches_fit, check_passes_fit, encode_prompts
 from benchmarks.common import MAX_SEED, check_range, environment, load_prompt_tokenizer, results_dir, run_cli
-from benchmarks.common import set_threads
+from benchmarks.common import must, set_threads
 from benchmarks.lockstep import Method, lockstep, plain_decoding, rotated, stepwise
 from benchmarks.prompts import PROMPTS
 from benchmarks.tree_speed import parse_shape
@@ -360,7 +360,7 @@ def run_group(runner: Runner, r: int, n: int, prompts: list[tuple[str, torch.Ten
         for j, ((kind, c, _), (t, out, stats)) in enumerate(zip(jobs, runs)):
             seconds[j] += t
             if kind == "baseline":  # jobs[0]: the reference of the runs after it
-                assert not greedy or torch.equal(out, references.get((p, n), out)), "greedy must be deterministic"
+                must(not greedy or torch.equal(out, references.get((p, n), out)), "greedy must be deterministic")
                 references.setdefault((p, n), out)
                 if r == 0:
                     group.base_tokens += out.size(1) - ids.size(1)

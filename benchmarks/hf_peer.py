@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.common import must
 from gpt2 import GPT2, SamplingConfig
 from gpt2.loading import CONV1D_SUFFIXES  # the four projections transformers stores (in, out)
 
@@ -25,9 +26,9 @@ def to_transformers(model: GPT2):
     with torch.device("meta"):  # shapes only; the weights come from `state`
         hf_model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**model.config.to_hf_inference_dict()))
     missing, unexpected = hf_model.load_state_dict(state, strict=False, assign=True)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, f"unknown {unexpected}, left unset {missing}"
+    must(not unexpected and set(missing) <= {"lm_head.weight"}, f"unknown {unexpected}, left unset {missing}")
     hf_model.tie_weights()  # lm_head = wte, as in GPT-2
-    assert hf_model.lm_head.weight.data_ptr() == hf_model.transformer.wte.weight.data_ptr(), "lm_head must be tied"
+    must(hf_model.lm_head.weight.data_ptr() == hf_model.transformer.wte.weight.data_ptr(), "lm_head must be tied")
     return hf_model.to(device=model.device, dtype=model.dtype).eval()
 
 
@@ -69,7 +70,7 @@ def hf_generate(hf_target, input_ids: torch.Tensor, max_new_tokens: int, samplin
     if not sampling.greedy:  # top_k 0: no top-k (its default is 50)
         kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k or 0, top_p=sampling.top_p or 1.0)
     if assistant is not None:  # like ours (transformers 5.x, generation/candidate_generator.py):
-        assert gamma is not None and gamma >= 1, "assisted generation needs gamma >= 1"
+        must(gamma is not None and gamma >= 1, "assisted generation needs gamma >= 1")
         config = assistant.generation_config  # a constant gamma (the default "heuristic" schedule changes it) ...
         config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
         config.assistant_confidence_threshold = 0.0  # ... and no early stop (None means its default 0.4)

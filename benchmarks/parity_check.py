@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.common import ArgumentParser
 from benchmarks.common import build_pair, encode_prompts, environment, environment_lines, load_prompt_tokenizer
-from benchmarks.common import MAX_SEED, check_range, markdown_table, results_dir, run_cli, write_json
+from benchmarks.common import MAX_SEED, check_range, markdown_table, must, results_dir, run_cli, write_json
 from benchmarks.prompts import EARLY_EOS_PROMPTS, PROMPTS
 from gpt2 import END_OF_TEXT_ID, GPT2, GPT2Config, KVCache, fast, generate, resolve_device, resolve_dtype
 from gpt2.generate import check_integer, first_difference
@@ -45,7 +45,7 @@ def target_logits(model: GPT2, *, first_position: int, ignore_cache: KVCache | N
         cache = args[1] if len(args) > 1 else kwargs.get("cache")
         if cache is not None and cache is ignore_cache:
             return
-        assert input_ids.size(0) == 1, "the parity check decodes one sequence at a time"
+        must(input_ids.size(0) == 1, "the parity check decodes one sequence at a time")
         end = cache.length if cache is not None else input_ids.size(1)
         start = end - logits.size(1) + 1  # (1, T_out, V): row t scored position start + t
         for t in range(max(first_position - start, 0), logits.size(1)):
@@ -382,9 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     device, dtypes = resolve_device(args.device), parse_dtypes(args.dtypes)
     weights = "tiny" if args.tiny else "random" if args.random_weights else "checkpoint"
     suite = list(PROMPTS[: args.prompts]) + list(EARLY_EOS_PROMPTS)
-    folder = results_dir(args.out, "parity")
 
     reports, models, path, encoded, tokenizer, tokenizer_note = [], None, None, None, None, None
+    folder = None  # made once the first models load: a model that cannot be loaded leaves none behind
     for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
         reason = dtype_unsupported_reason(dtype, device)
@@ -395,12 +395,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}] building the models ...", file=sys.stderr, flush=True)
         pair = build_pair(args.target, args.draft, weights=weights, draft_equals_target=args.draft_equals_target,
                           device=device, dtype=dtype, seed=args.seed, accelerate=not args.readable)
+        folder = folder or results_dir(args.out, "parity")
         if encoded is None:  # the first dtype that runs: its path is the one reported (float32's by default)
             encoded, tokenizer, tokenizer_note = encode_suite(suite, pair, device)
             models, path = {"target": pair.target_name, "draft": pair.draft_name}, fast.status(pair.target)
         reports.append(check_parity(pair.target, pair.draft, encoded, settings, tokenizer, progress=True))
         del pair  # frees this dtype's models before the next are built
 
+    folder = folder or results_dir(args.out, "parity")
     env = environment(device, dtypes[0], models or {"target": args.target, "draft": args.draft},
                       path or "no dtype ran")
     env["dtype"] = ", ".join(r.dtype + (" (skipped)" if r.skipped else "") for r in reports)

@@ -24,7 +24,7 @@ from statistics import median
 
 import torch
 
-from benchmarks.common import ArgumentParser
+from benchmarks.common import ArgumentParser, must
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
 from benchmarks.common import check_caches_fit, check_passes_fit, noisy_copy, say, shape, timed
 from benchmarks.common import binary_tree_mask, write_json
@@ -234,7 +234,7 @@ def measure_profiles(target: GPT2, draft: GPT2, prompt: torch.Tensor, plans: dic
         plain, _ = got.pop("plain")
         baselines.append(plain)
         for (profile, name), (t, (out, run_stats)) in got.items():
-            assert out.tolist() == reference.tolist(), f"{profile} {name}: not the target's greedy output"
+            must(out.tolist() == reference.tolist(), f"{profile} {name}: not the target's greedy output")
             seconds[(profile, name)].append((plain, t))
             stats[(profile, name)].append(run_stats)
         say(f"  runs: repeat {rep + 1}/{args.repeats}, plain decoding {plain:.1f} s ...")

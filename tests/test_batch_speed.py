@@ -46,6 +46,13 @@ SHORT = ["--tiny", "--batch-sizes", "1", "--gammas", "1", "--step-batches", "1",
          "--prompt-len", "14", "--context", "4", "--repeats", "1", "--bandwidth-mib", "1"]
 
 
+def test_one_new_token_is_a_run_like_any_other(tmp_path, capsys):
+    # The warm-up decoded 2 tokens against references of 1: "greedy speculative decoding must reproduce plain
+    # decoding" failed before any timing.
+    assert run_cli(main, [*SHORT, "--new-tokens", "1", "--out", str(tmp_path)]) == 0, capsys.readouterr().err
+    assert (tmp_path / "batch_speed.json").is_file()
+
+
 @pytest.mark.parametrize("bad, message", [
     (["--batch-sizes", "2", "4"], "must include 1"),
     (["--gammas", "0"], "--gammas must all be >= 1"),

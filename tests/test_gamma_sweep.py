@@ -418,6 +418,14 @@ def test_a_results_folder_inside_a_file_is_one_line_and_exit_2(capsys, tmp_path,
     assert err.startswith("error: --out ") and "cannot be created" in err and "\n" not in err
 
 
+def test_a_results_folder_under_home_written_with_a_tilde_goes_there(tmp_path, monkeypatch):
+    # --out=~/results (no shell expands a ~ after "=") made a folder named "~" in the working directory.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert common.results_dir("~/results", "sweep") == tmp_path / "home" / "results"
+    assert (tmp_path / "home" / "results").is_dir() and not (tmp_path / "~").exists()
+
+
 def test_the_largest_gamma_that_fits_the_window_runs(tmp_path, prompt_tokenizer):
     assert run_cli(main, ONE_RUN + ["--gamma", "983", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "sweep.csv").is_file()
