@@ -894,8 +894,9 @@ def test_the_first_run_draws_download_progress_bars_on_a_terminal(tmp_path, fold
     finally:
         server.stop()
     assert code == 0, out
-    bars = re.findall(r"model\.safetensors: 100%\|[^|]*\| 6\.\d\dM/6\.\d\dM", out)
-    assert len(bars) == 2, f"one finished bar per model.safetensors:\n{out}"
+    # Which file each finished bar names (its URL cut to the bar's width): a loaded machine may redraw one at 100%.
+    bars = re.findall(r"([^\s\]]*/resolve/main/model\.safetensors): 100%\|[^|]*\| 6\.\d\dM/6\.\d\dM", out)
+    assert len(set(bars)) == 2, f"one finished bar per model.safetensors:\n{out}"
 
 
 def test_hub_unknown_repo_id(tmp_path, folders):
