@@ -466,9 +466,8 @@ def speculate(args, sampling, tree, target, draft, schedule, input_ids, stream, 
     """`speculative_generate` (a chain: `draft` is the drafter, `schedule`
     the γ schedule), or `tree_speculative_generate` when `tree` is a
     TreeShape (`draft` is the draft model), committing into `stream` as it goes. With
-    --show-tree or --debug each verified tree is drawn on stderr (unless not
-    `draw_trees`). Ctrl-C
-    stops it; what was committed and counted until then stays.
+    --show-tree or --debug, and `draw_trees`, each verified tree is drawn on
+    stderr. Ctrl-C stops it; what was committed and counted until then stays.
 
     Returns:
         (SpecStats, seconds, interrupted).

@@ -24,7 +24,7 @@ from gpt2.generate import check_model, prefill_rows
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
-from .drafters import check_reference, position_coins
+from .drafters import check_reference, out_of_range, position_coins
 
 
 @dataclass
@@ -45,12 +45,6 @@ class BatchDraft:
     probs: torch.Tensor | None
     num_drafted: list[int]
     forward_calls: int
-
-
-def out_of_range(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Where integer `tokens` of any dtype lie outside 0..vocab_size-1 (bool, their shape)."""
-    ids = tokens.long()  # unsigned dtypes have no < 0
-    return (ids < 0) | (ids >= vocab_size)
 
 
 def drafted_mask(K: list[int], device: torch.device) -> torch.Tensor:

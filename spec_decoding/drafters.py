@@ -47,6 +47,12 @@ class Draft:
     forward_calls: int
 
 
+def out_of_range(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Where integer `tokens` of any dtype lie outside 0..vocab_size-1 (bool, their shape)."""
+    ids = tokens.long()  # unsigned dtypes have no < 0
+    return (ids < 0) | (ids >= vocab_size)
+
+
 def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: torch.device) -> Draft:
     """`draft` with its tokens as int64, which indexing takes. Raises a
     ValueError naming the `drafter` (one written elsewhere) unless `draft` is
@@ -60,7 +66,7 @@ def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: 
         problem = f"(k,) integer token ids, got a {tokens.dtype} tensor of shape {tuple(tokens.shape)}"
     elif tokens.numel() > K or tokens.device != device:
         problem = f"at most K = {K} tokens on {device}, got {tokens.numel()} on {tokens.device}"
-    elif tokens.numel() and bool(((tokens.long() < 0) | (tokens.long() >= vocab_size)).any()):
+    elif tokens.numel() and bool(out_of_range(tokens, vocab_size).any()):
         problem = f"token ids in 0..{vocab_size - 1}, got {tokens.tolist()}"
     elif probs is not None and (not isinstance(probs, torch.Tensor) or probs.shape != (tokens.numel(), vocab_size)):
         problem = f"probs None or of shape ({tokens.numel()}, {vocab_size}), got {getattr(probs, 'shape', probs)}"
