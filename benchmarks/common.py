@@ -104,20 +104,32 @@ def environment_lines(env: dict) -> list[str]:
     ]
 
 
-def results_dir(out: str | Path | None, prefix: str) -> Path:
-    """The folder results go to: `out`, or benchmarks/results/<prefix>-<UTC time>. Created.
+def results_dir(out: str | Path | None, prefix: str, *, create: bool = True) -> Path:
+    """The folder results go to: `out`, or benchmarks/results/<prefix>-<UTC time>. Created, unless `create` is
+    False: then only checked, for a run that makes it once its work is done (call again with the folder).
 
     Raises:
-        ValueError: `out` is empty, a file, or a folder that cannot be created or written to.
+        ValueError: `out` is empty, a file, names no home folder (~user), or a folder that cannot be created or
+            written to.
     """
     if out is None:
         out = RESULTS_DIR / f"{prefix}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
     if not str(out).strip():
         raise ValueError("--out is empty: give a folder for the results, or leave --out out for "
                          f"benchmarks/results/{prefix}-<UTC time>")
-    folder = Path(out).expanduser()  # --out=~/results: no shell expands a ~ after "="
+    try:
+        folder = Path(out).expanduser()  # --out=~/results: no shell expands a ~ after "="
+    except RuntimeError:  # pathlib's "Could not determine home directory"
+        raise ValueError(f"--out {out}: '{str(out).split('/', 1)[0]}' names no home folder on this machine: "
+                         "give a folder for the results") from None
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--out {folder} is a file: give a folder for the results")
+    if not create:
+        existing = next(p for p in [folder, *folder.parents] if p.exists())  # the root always exists
+        if not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise ValueError(f"--out {folder} cannot be created ({existing} is not a folder you can write to): "
+                             "give a folder you can write to")
+        return folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a parent that is a file, no permission, a read-only file system, ...

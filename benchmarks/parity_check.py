@@ -383,8 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     weights = "tiny" if args.tiny else "random" if args.random_weights else "checkpoint"
     suite = list(PROMPTS[: args.prompts]) + list(EARLY_EOS_PROMPTS)
 
+    folder = results_dir(args.out, "parity", create=False)  # made once the work is done: a failure leaves none
+
     reports, models, path, encoded, tokenizer, tokenizer_note = [], None, None, None, None, None
-    folder = None  # made once the first models load: a model that cannot be loaded leaves none behind
     for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
         reason = dtype_unsupported_reason(dtype, device)
@@ -395,14 +396,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}] building the models ...", file=sys.stderr, flush=True)
         pair = build_pair(args.target, args.draft, weights=weights, draft_equals_target=args.draft_equals_target,
                           device=device, dtype=dtype, seed=args.seed, accelerate=not args.readable)
-        folder = folder or results_dir(args.out, "parity")
         if encoded is None:  # the first dtype that runs: its path is the one reported (float32's by default)
             encoded, tokenizer, tokenizer_note = encode_suite(suite, pair, device)
             models, path = {"target": pair.target_name, "draft": pair.draft_name}, fast.status(pair.target)
         reports.append(check_parity(pair.target, pair.draft, encoded, settings, tokenizer, progress=True))
         del pair  # frees this dtype's models before the next are built
 
-    folder = folder or results_dir(args.out, "parity")
     env = environment(device, dtypes[0], models or {"target": args.target, "draft": args.draft},
                       path or "no dtype ran")
     env["dtype"] = ", ".join(r.dtype + (" (skipped)" if r.skipped else "") for r in reports)
@@ -413,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1 if a float32 divergence is a BUG or any run broke the end-of-text rule
     code = int(any((r.dtype == "float32" and r.bugs) or not all(p.eos_ok for p in r.prompts) for r in reports))
     dtype_results = [{"summary": r.summary(), "prompts": [asdict(p) for p in r.prompts]} for r in reports]
+    folder = results_dir(folder, "parity")  # now made
     write_json(folder / "parity.json", {"environment": env, "settings": settings_dict, "dtypes": dtype_results,
                                         "passed": code == 0})
     report = markdown_report(env, settings_dict, reports)

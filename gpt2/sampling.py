@@ -35,7 +35,8 @@ class SamplingConfig:
     Attributes:
         temperature: 0 means greedy (argmax); otherwise logits are divided by
             it. A temperature below GREEDY_BELOW_TEMPERATURE (1e-4) is greedy too.
-        top_k: keep only the k most likely tokens (None: all).
+        top_k: keep only the k most likely tokens, and any tied with the k-th
+            (as Hugging Face's filter does; None: all).
         top_p: keep the smallest set of most likely tokens whose probability
             reaches top_p (None or 1.0: all).
     """
@@ -71,6 +72,8 @@ class SamplingConfig:
             isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real) or not (0.0 < self.top_p <= 1.0)
         ):
             raise ValueError(f"top_p must be in (0, 1] (or None for no limit), got {self.top_p!r}")
+        if self.top_p is not None:
+            object.__setattr__(self, "top_p", float(self.top_p))  # a Fraction does not compare with a tensor
 
     @property
     def greedy(self) -> bool:
@@ -86,8 +89,7 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
 
     Returns:
         (..., V) float32 probabilities that sum to 1 over V. When greedy, the
-        one-hot distribution on the argmax (ties go to the lowest id), so that
-        greedy is the temperature -> 0 limit of the same rule.
+        one-hot distribution on the argmax (ties go to the lowest id).
     """
     logits = logits.float()
     if config.greedy:

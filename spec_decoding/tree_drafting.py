@@ -54,9 +54,10 @@ def check_tree_draft(draft: TreeDraft, root: int, vocab_size: int, max_depth: in
     """Raises a ValueError naming the `drafter` (a subclass written elsewhere)
     unless `draft` is what the loop can verify: a TreeDraft whose tree has
     the pending token `root` as its root, at most `max_nodes` drafted nodes,
-    at most `max_depth` levels, token ids in 0..V-1, distinct siblings
-    (`tree_sampling` judges each child against the draft distribution without
-    its elder siblings), and (N, V) probs when `sampling`."""
+    at most `max_depth` levels, token ids in 0..V-1, and when `sampling`
+    distinct siblings (`tree_sampling` judges each child against the draft
+    distribution without its elder siblings) and (N, V) probs. Greedy, a
+    repeated sibling is harmless: the first match is taken."""
     tree, probs = getattr(draft, "tree", None), getattr(draft, "probs", None)
     siblings = set() if not isinstance(tree, TokenTree) else {(p, t) for p, t in zip(tree.parents, tree.tokens)}
     problem = None
@@ -68,7 +69,7 @@ def check_tree_draft(draft: TreeDraft, root: int, vocab_size: int, max_depth: in
         problem = f"at most {max_nodes} nodes {max_depth} deep, got {tree.size - 1} nodes {tree.depth} deep"
     elif any(not 0 <= t < vocab_size for t in tree.tokens):
         problem = f"token ids in 0..{vocab_size - 1}, got {list(tree.tokens)}"
-    elif len(siblings) < tree.size:
+    elif sampling and len(siblings) < tree.size:
         problem = f"distinct tokens among siblings (draw them without replacement), got {list(tree.tokens)}"
     elif sampling and (not isinstance(probs, torch.Tensor) or probs.shape != (tree.size, vocab_size)):
         problem = f"probs of shape ({tree.size}, {vocab_size}) when sampling, got {getattr(probs, 'shape', probs)}"

@@ -424,6 +424,8 @@ def test_a_results_folder_under_home_written_with_a_tilde_goes_there(tmp_path, m
     monkeypatch.chdir(tmp_path)
     assert common.results_dir("~/results", "sweep") == tmp_path / "home" / "results"
     assert (tmp_path / "home" / "results").is_dir() and not (tmp_path / "~").exists()
+    with pytest.raises(ValueError, match="'~no_such_user_here' names no home folder on this machine"):
+        common.results_dir("~no_such_user_here/results", "sweep")  # pathlib's RuntimeError was a traceback
 
 
 def test_the_largest_gamma_that_fits_the_window_runs(tmp_path, prompt_tokenizer):

@@ -243,6 +243,16 @@ def test_top_p_keeps_the_smallest_set_reaching_p(p, expected):
     assert torch.allclose(probs[idx], HAND_PROBS[idx] / HAND_PROBS[idx].sum(), atol=1e-6)
 
 
+def test_a_top_p_of_any_real_number_type_samples_as_the_float():
+    # A Fraction passed the check, then failed at the first step: '<' between a tensor and a Fraction.
+    from fractions import Fraction
+
+    config = SamplingConfig(temperature=1.0, top_p=Fraction(3, 4))
+    assert type(config.top_p) is float and config == SamplingConfig(temperature=1.0, top_p=0.75)
+    as_float = SamplingConfig(temperature=1.0, top_p=0.75)
+    assert torch.equal(logits_to_probs(HAND_LOGITS, config), logits_to_probs(HAND_LOGITS, as_float))
+
+
 def test_top_p_stops_as_soon_as_the_mass_reaches_p_exactly():
     # Four equal logits: each probability is exactly 0.25, so two tokens reach
     # top_p = 0.5 exactly and a third is not needed.

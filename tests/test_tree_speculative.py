@@ -395,6 +395,10 @@ def test_a_tree_drafter_written_elsewhere_is_checked_and_named(models):
     with pytest.raises(ValueError, match="WithReplacement.propose must return distinct tokens among siblings"):
         tree_speculative_generate(target, WithReplacement(draft), prompt(), tree="16", max_new_tokens=20,
                                   temperature=1.0, generator=torch.Generator().manual_seed(0))
+    # Greedy, a repeated sibling is harmless (the first match is followed): such trees still decode greedily.
+    out, _ = tree_speculative_generate(target, WithReplacement(draft), prompt(), tree="16", max_new_tokens=20,
+                                       generator=torch.Generator().manual_seed(0))
+    assert torch.equal(out, generate(target, prompt(), 20))
     bad = {
         "a TreeDraft holding a TokenTree": lambda d: d.tree,
         "a tree whose root is the last committed token 4": lambda d: replace(d, tree=TokenTree((5, *d.tree.tokens[1:]),
