@@ -115,6 +115,8 @@ def plain_step_reasons(stats: SpecStats, *, schedule: str, drafter: str, length:
     if asked_none:
         if draft_n_ctx is not None and length > draft_n_ctx:
             why = f"the sequence outgrew the draft's context window of {draft_n_ctx} tokens"
+            if schedule == "auto" and length - stats.new_tokens <= draft_n_ctx:  # steps before that were auto's
+                why = f"auto chose a plain step where drafting did not pay, or {why}"
         elif schedule == "auto":
             why = "auto chose a plain step where drafting did not pay, or no room was left before the end"
         else:

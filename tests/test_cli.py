@@ -317,6 +317,18 @@ def test_gamma_by_name_keeps_the_output_and_reports_the_k_it_chose(capsys, folde
     assert len(list(step_costs_cache.glob("*.json"))) == (gamma == "auto")  # measured once, then cached
 
 
+def test_plain_steps_under_auto_past_the_draft_window_name_both_reasons(capsys, folders, single_thread,
+                                                                         step_costs_cache):
+    # A 20-token prompt and a 32-token draft window: the steps before the window ran out were auto's to choose,
+    # and all were put down to the window.
+    args = [*local_models(folders, draft="short_window_draft"), "--gamma", "auto"]
+    result = run_main(capsys, *args, "-p", prompt_of(20, folders))
+    assert_ok(result)
+    assert re.search(r"plain steps\s+\d+ target calls? drafted nothing \(auto chose a plain step where drafting did "
+                     r"not pay, or the sequence outgrew the draft's context window of 32 tokens\)", result.stdout), \
+        result.stdout
+
+
 def test_gamma_auto_in_json(capsys, folders, single_thread, step_costs_cache):
     result = run_main(capsys, *local_models(folders), "--gamma", "auto", "--json")
     assert_ok(result)
