@@ -137,7 +137,6 @@ def rehearse(args, sampling, tree, target, draft, schedule, input_ids, tokenizer
     import copy
 
     from cli.stream import TokenStream
-    from gpt2 import END_OF_TEXT_ID, generate
 
     print(f"warming up the {input_ids.device.type} device: the run once, untimed and not shown ...", file=sys.stderr)
     _, _, interrupted = speculate(args, sampling, tree, target, draft, copy.deepcopy(schedule), input_ids,
@@ -145,8 +144,7 @@ def rehearse(args, sampling, tree, target, draft, schedule, input_ids, tokenizer
     if interrupted:
         raise KeyboardInterrupt
     if args.compare:
-        generate(target, input_ids, args.max_gen, temperature=sampling.temperature, top_k=sampling.top_k,
-                 top_p=sampling.top_p, eos_id=END_OF_TEXT_ID, generator=seeded_generator(args.seed, input_ids.device))
+        decode_alone(args, sampling, target, input_ids)
 
 
 # ---------------------------------------------------------------------------
@@ -506,6 +504,18 @@ def speculate(args, sampling, tree, target, draft, schedule, input_ids, stream, 
     return stats, seconds, interrupted
 
 
+def decode_alone(args, sampling, target, input_ids):
+    """The target alone (`gpt2.generate`) on the same prompt, settings and
+    seed as the speculative run: (1, T + n) token ids."""
+    from gpt2 import END_OF_TEXT_ID, generate
+
+    return generate(
+        target, input_ids, args.max_gen,
+        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+        eos_id=END_OF_TEXT_ID, generator=seeded_generator(args.seed, input_ids.device),
+    )
+
+
 def seeded_generator(seed: int, device):
     """A torch.Generator on `device` seeded with `seed`, any integer: torch
     takes seeds modulo 2**64 (-1 is 2**64 - 1) but refuses larger ones."""
@@ -539,7 +549,6 @@ def compare_with_target_alone(
     import statistics
 
     from cli.report import expected_tokens, speedups_agree
-    from gpt2 import END_OF_TEXT_ID, generate
     from gpt2.generate import first_difference
     from spec_decoding.stats import clock
 
@@ -556,11 +565,7 @@ def compare_with_target_alone(
     print("decoding with the target alone for --compare ...", file=sys.stderr)
     device = input_ids.device
     t0 = clock(device)
-    baseline = generate(
-        target, input_ids, args.max_gen,
-        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-        eos_id=END_OF_TEXT_ID, generator=seeded_generator(args.seed, device),
-    )
+    baseline = decode_alone(args, sampling, target, input_ids)
     seconds = clock(device) - t0
     baseline_ids = baseline[0, input_ids.size(1):].tolist()
     tokens_per_second = per_second(len(baseline_ids), seconds)

@@ -59,7 +59,6 @@ def check_tree_draft(draft: TreeDraft, root: int, vocab_size: int, max_depth: in
     distribution without its elder siblings) and (N, V) probs. Greedy, a
     repeated sibling is harmless: the first match is taken."""
     tree, probs = getattr(draft, "tree", None), getattr(draft, "probs", None)
-    siblings = set() if not isinstance(tree, TokenTree) else {(p, t) for p, t in zip(tree.parents, tree.tokens)}
     problem = None
     if not isinstance(draft, TreeDraft) or not isinstance(tree, TokenTree):
         problem = f"a TreeDraft holding a TokenTree, got {type(draft).__name__}"
@@ -69,7 +68,7 @@ def check_tree_draft(draft: TreeDraft, root: int, vocab_size: int, max_depth: in
         problem = f"at most {max_nodes} nodes {max_depth} deep, got {tree.size - 1} nodes {tree.depth} deep"
     elif any(not 0 <= t < vocab_size for t in tree.tokens):
         problem = f"token ids in 0..{vocab_size - 1}, got {list(tree.tokens)}"
-    elif sampling and len(siblings) < tree.size:
+    elif sampling and len(set(zip(tree.parents, tree.tokens))) < tree.size:  # a repeated (parent, token) pair
         problem = f"distinct tokens among siblings (draw them without replacement), got {list(tree.tokens)}"
     elif sampling and (not isinstance(probs, torch.Tensor) or probs.shape != (tree.size, vocab_size)):
         problem = f"probs of shape ({tree.size}, {vocab_size}) when sampling, got {getattr(probs, 'shape', probs)}"
