@@ -209,8 +209,8 @@ def check_pass(model: GPT2, input_ids: torch.Tensor, cache: KVCache | None, mask
         raise ValueError(f"input_ids are on {input_ids.device}, the model on {model.device}: pass "
                          "input_ids.to(model.device)")
     B, T = input_ids.size()
-    if T == 0:
-        raise ValueError("input_ids holds no tokens: a forward pass needs at least one")
+    if B == 0 or T == 0:
+        raise ValueError(f"input_ids of shape {(B, T)} holds no tokens: a forward pass needs at least one row of one")
     if input_ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}")
     if input_ids.device.type == "cpu":  # on a GPU this would wait for the device at every pass

@@ -374,6 +374,9 @@ CHANGED_MODULES = {
     "a forward of its own": lambda m: setattr(m.h[1].mlp, "forward", lambda x: torch.zeros_like(x)),
     "a wider MLP": with_wider_mlp,
     "a layer norm epsilon of its own": lambda m: setattr(m.h[0].ln_1, "eps", 0.5),
+    "a Linear without a bias": lambda m: setattr(m.h[0].mlp, "c_fc", torch.nn.Linear(CONFIG.n_embd, 4 * CONFIG.n_embd,
+                                                                                    bias=False)),
+    "a layer norm without a bias": lambda m: setattr(m, "ln_f", torch.nn.LayerNorm(CONFIG.n_embd, bias=False)),
 }
 
 
@@ -403,6 +406,25 @@ def test_an_embedding_of_another_vocabulary_is_run_by_the_readable_code(fast_ker
     assert quick.shape == slow.shape == (1, 3, V + 7) and torch.equal(quick, slow)
 
 
+def test_a_model_with_blocks_taken_out_is_run_by_the_readable_code(fast_kernels):
+    model = new_model()
+    model.h = model.h[:2]  # of the config's 3
+    fast.accelerate(model)
+    slow, quick = readable_and_fast(model, ids(1, 9, 1), ids(1, 3, 2))
+    assert torch.equal(quick, slow)
+
+
+def test_a_mask_where_a_token_sees_a_later_one_gives_the_readable_logits_past_one_kernel_call(fast_kernels):
+    # A pass longer than one kernel call goes in chunks, each seeing only what came before its end.
+    model = fast.accelerate(new_model())
+    for T in (MAX_NEW_TOKENS, MAX_NEW_TOKENS + 1, 2 * MAX_NEW_TOKENS + 3):
+        mask = torch.eye(T, dtype=torch.bool)
+        mask[0, T - 1] = True  # the first token sees the last
+        (_, quick), _ = run(model, ids(1, 9, 1), ids(1, T, 2), mask=mask)
+        (_, slow), _ = run(model, ids(1, 9, 1), ids(1, T, 2), mask=mask, readable=True)
+        assert max_diff(quick, slow) < ATOL, T
+
+
 def test_passes_it_cannot_take_run_the_readable_code(fast_kernels):
     model = fast.accelerate(new_model())
     prompt = ids(1, 9, 1)
@@ -428,15 +450,16 @@ def test_passes_it_cannot_take_run_the_readable_code(fast_kernels):
 
 def test_a_pass_of_no_tokens_is_refused_on_both_paths(fast_kernels):
     model = fast.accelerate(new_model())
-    empty = torch.zeros(1, 0, dtype=torch.long)
     with torch.inference_mode():
         cache = model.new_cache()
         model(ids(1, 4, 1), cache)
         for accelerator in (model.accelerator, None):
             model.accelerator = accelerator
             for cached in (None, cache):
-                with pytest.raises(ValueError, match="input_ids holds no tokens"):
-                    model(empty, cached)
+                with pytest.raises(ValueError, match=r"input_ids of shape \(1, 0\) holds no tokens"):
+                    model(torch.zeros(1, 0, dtype=torch.long), cached)
+            with pytest.raises(ValueError, match=r"input_ids of shape \(0, 3\) holds no tokens"):
+                model(torch.zeros(0, 3, dtype=torch.long))  # no rows
         assert cache.length == 4
 
 

@@ -149,8 +149,8 @@ class FastGPT2:
         self.packed: dict[str, PackedWeight] = {}
         with torch.no_grad():
             for name in self.matrix_names:
-                w = weights[name]
-                if not kernel_readable(w) or w.size(1) % 8:
+                w = weights.get(name)  # None: a block or parameter taken out of the model
+                if w is None or not kernel_readable(w) or w.size(1) % 8:
                     continue  # the table check sends every pass to the readable path
                 if int8_levels and name in int8_levels:
                     q, scale = int8_levels[name]
@@ -270,6 +270,8 @@ class FastGPT2:
         B, T, C = x.shape
         if C % 8 or (C // model.config.n_head) % 8 or (mask is not None and not mask.is_cpu):
             return False
+        if mask is not None and T > MAX_NEW_TOKENS and mask[:, mask.size(1) - T:].triu(1).any():
+            return False  # a token that sees a later one: the pass's chunks (below) would hide it
         return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in model.parameters())))
 
     def why_not(self, model: GPT2) -> str | None:
@@ -357,7 +359,7 @@ class FastGPT2:
         changed weights packed again, whenever a parameter changed); None if
         one is not CPU float32 and contiguous."""
         tensors = self.parameters_now(model)
-        if tensors is None:
+        if tensors is None or any(t is None for t in tensors):
             return None
         try:
             key = [t.data_ptr() for t in tensors] + [t._version for t in tensors]
@@ -365,7 +367,7 @@ class FastGPT2:
             return None
         if key == self.table_key and not self.optimizer_stepped:
             return self.table
-        if not all(t is not None and kernel_readable(t) for t in tensors):
+        if not all(map(kernel_readable, tensors)):
             return None
         if [t.shape for t in tensors] != self.shapes:  # a module or weight of another size put in
             return None
