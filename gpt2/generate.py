@@ -30,6 +30,12 @@ from .sampling import SamplingConfig, check_generator, next_token
 TOKEN_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
+def id_dtype_error(what: str, dtype: torch.dtype) -> ValueError:
+    """The error for token ids of a dtype outside TOKEN_ID_DTYPES (uint16 ids, as nanoGPT stores them, included)."""
+    return ValueError(f"{what} must hold integer token ids (int64, int32, int16, int8 or uint8), got {dtype}: "
+                      "convert them with .long()")
+
+
 def check_integer(value, name: str, minimum: int) -> int:
     """`value` as an int if it is an integer (any integer type: int,
     numpy.int64, a 0-d integer tensor; not bool) >= minimum.
@@ -70,7 +76,7 @@ def check_prompt(input_ids: torch.Tensor, n_ctx: int, vocab_size: int) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError("input_ids must be a (batch, tokens) tensor, e.g. torch.tensor([[15496, 995]])")
     if input_ids.dtype not in TOKEN_ID_DTYPES:
-        raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+        raise id_dtype_error("input_ids", input_ids.dtype)
     T = input_ids.size(1)
     if input_ids.size(0) == 0:
         raise ValueError("the batch is empty: give at least one prompt")
@@ -113,7 +119,7 @@ def check_prompts(
         if prompts.dim() != 2:
             raise ValueError("a tensor of prompts must be (batch, tokens), e.g. torch.tensor([[15496, 995]])")
         if prompts.dtype not in TOKEN_ID_DTYPES:
-            raise ValueError(f"prompts must hold integer token ids, got dtype {prompts.dtype}")
+            raise id_dtype_error("prompts", prompts.dtype)
         B, T = prompts.shape
         if lengths is None:
             row_lengths = [T] * B
@@ -160,6 +166,9 @@ def prompt_row(row, b: int) -> torch.Tensor:
         raise bad from None
     if tensor.dim() == 1 and tensor.numel() == 0:
         return tensor.to(torch.int64)  # empty: check_prompts names it
+    if tensor.dim() == 1 and tensor.dtype not in TOKEN_ID_DTYPES and not tensor.is_floating_point() \
+            and not tensor.is_complex() and tensor.dtype != torch.bool:
+        raise id_dtype_error(f"row {b}", tensor.dtype)  # integers of another width (uint16 ...)
     if tensor.dim() != 1 or tensor.dtype not in TOKEN_ID_DTYPES:
         raise bad
     return tensor

@@ -73,6 +73,8 @@ class KVCache:
     @property
     def length(self) -> int:
         """The positions held, when every row holds the same number (one sequence)."""
+        if self.batch_size == 0:
+            raise ValueError("the cache holds no rows (keep_rows kept none): it has no length")
         first = int(self.lengths[0])
         if not bool((self.lengths == first).all()):
             raise ValueError(f"rows hold different lengths {self.lengths.tolist()}: read cache.lengths instead")
@@ -119,14 +121,20 @@ class KVCache:
             ValueError: `length` would add positions (past a row's length, or
                 below 0), or is not one length or one per row.
         """
+        given, ok = length, False
+        if not isinstance(length, torch.Tensor) and hasattr(length, "__array__"):  # numpy: checked as a tensor
+            try:
+                length = torch.as_tensor(length)
+            except (TypeError, ValueError, RuntimeError):
+                length = None  # an array torch cannot hold (strings, objects)
         if isinstance(length, torch.Tensor):
             integral = not (length.is_floating_point() or length.is_complex() or length.dtype == torch.bool)
             ok = integral and length.dim() <= 1 and length.numel() in (1, self.batch_size)
-        else:
-            ok = not isinstance(length, bool) and hasattr(type(length), "__index__")  # int, numpy.int64, ...
+        elif length is not None:
+            ok = not isinstance(length, bool) and hasattr(type(length), "__index__")  # int, ...
         if not ok:
-            raise ValueError(f"rewind takes one integer length or {self.batch_size} (one per row), got {length!r:.60}")
-        lengths = torch.as_tensor(length, dtype=torch.int64).expand(self.batch_size)  # (B,)
+            raise ValueError(f"rewind takes one integer length or {self.batch_size} (one per row), got {given!r:.60}")
+        lengths = torch.as_tensor(length, dtype=torch.int64, device=self.lengths.device).expand(self.batch_size)
         if not bool((lengths >= 0).all() and (lengths <= self.lengths).all()):
             raise ValueError(f"cannot rewind lengths {self.lengths.tolist()} to {lengths.tolist()}: rewinding only "
                              "forgets positions, to a length from 0 to each row's own")

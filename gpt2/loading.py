@@ -176,7 +176,7 @@ def checkpoint_to_model_keys(state: dict[str, object], *, source: str) -> dict[s
     if wte is None and head is not None:
         out["wte.weight"] = head  # tied: the same matrix
     elif head is not None and not (head == wte if isinstance(head, tuple) else (  # NaNs in both: check_finite's
-            (head.shape, head.dtype) == (wte.shape, wte.dtype) and torch.equal(head.nan_to_num(), wte.nan_to_num()))):
+            (head.shape, head.dtype) == (wte.shape, wte.dtype) and torch.equal(widened(head).nan_to_num(), widened(wte).nan_to_num()))):
         raise ValueError(f"{source} holds an lm_head.weight that is not its wte.weight: this hand-written GPT-2 "
                          "ties its output layer to the token embedding, as GPT-2 does; load a checkpoint whose "
                          "head is the embedding")
@@ -276,6 +276,17 @@ def check_fits_config(shapes: dict[str, tuple[int, ...]], config: GPT2Config, *,
             )
 
 
+def widened(tensor: torch.Tensor) -> torch.Tensor:
+    """A float8 tensor as float32 (isfinite and nan_to_num do not take float8); any other tensor itself."""
+    return tensor.float() if tensor.is_floating_point() and tensor.element_size() == 1 else tensor
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether a floating-point tensor holds no NaN and no infinity."""
+    # The sum is one cheap pass; only a sum that is not finite (or that overflowed) needs the exact check.
+    return bool(tensor.sum(dtype=torch.float32).isfinite()) or bool(torch.isfinite(widened(tensor)).all())
+
+
 def check_finite(state: dict[str, torch.Tensor], *, source: str) -> None:
     """Raises a ValueError naming the first tensor that is not floating point
     or holds a NaN or an infinity: a damaged checkpoint, which would decode
@@ -284,8 +295,7 @@ def check_finite(state: dict[str, torch.Tensor], *, source: str) -> None:
         if not tensor.is_floating_point():
             raise ValueError(f"tensor '{name}' in {source} holds {tensor.dtype} values, not floating point: the "
                              "checkpoint is damaged or not a GPT-2 checkpoint")
-        # The sum is one cheap pass; only a sum that is not finite (or that overflowed) needs the exact check.
-        if not tensor.sum(dtype=torch.float32).isfinite() and not torch.isfinite(tensor).all():
+        if not all_finite(tensor):
             raise ValueError(
                 f"tensor '{name}' in {source} holds NaN or infinite values: the checkpoint is damaged, "
                 "download it again"
@@ -353,6 +363,10 @@ def load_model(
     load_weights(model, state)
     del state
     model = model.to(device=dev, dtype=dt).eval()
+    for name, param in model.named_parameters():  # finite as stored, but past the range of `dt`
+        if not all_finite(param):
+            fix = "load it in float32" if dt != torch.float32 else "the checkpoint is damaged"
+            raise ValueError(f"tensor '{name}' in {path} holds values too large for {dt}: {fix}")
     int8 = quantization == "int8"
     if accelerate and dev.type == "cpu" and dt == torch.float32:
         accelerate_model(model, int8=int8)  # packs the kernels' weight copies now, not at the first pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -132,8 +133,13 @@ def test_zero_new_tokens_returns_the_prompt(models):
         (lambda: torch.tensor([[1.0, 2.0]]), "integer token ids"),
         (lambda: torch.tensor([[1, TINY.vocab_size]]), rf"token ids must lie in \[0, {TINY.vocab_size}\)"),
         (lambda: torch.tensor([[-1, 2]]), "token ids must lie in"),
+        (lambda: torch.tensor([[1, 2]], dtype=torch.uint16), r"input_ids must hold integer token ids \(int64, .*\), "
+                                                             r"got torch.uint16: convert them with .long\(\)"),
+        (lambda: [np.array([1, 2], dtype=np.uint16)], r"row 0 must hold integer token ids \(int64, .*\), got "
+                                                      r"torch.uint16: convert them with .long\(\)"),
     ],
-    ids=["prompt_fills_context", "prompt_too_long", "empty", "1d", "float", "id_too_large", "negative_id"],
+    ids=["prompt_fills_context", "prompt_too_long", "empty", "1d", "float", "id_too_large", "negative_id", "uint16",
+         "uint16_row"],
 )
 def test_bad_prompts_raise_value_error(models, make_ids, match):
     ours, _ = models

@@ -547,6 +547,30 @@ def test_a_tensor_holding_nan_or_infinity_is_refused_naming_it(tmp_path, state, 
         load_model(folder)
 
 
+FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e8m0fnu]
+
+
+@pytest.mark.parametrize("dtype", FLOAT8, ids=str)
+def test_a_float8_checkpoint_loads_tied_and_its_nan_is_refused(tmp_path, state, dtype):
+    # isfinite and nan_to_num take no float8, and float8_e8m0fnu's isfinite calls its NaN finite.
+    stored = {name: tensor.to(dtype) for name, tensor in state.items()}
+    tied = {**stored, "lm_head.weight": stored["wte.weight"].clone()}
+    model = load_model(write_checkpoint(tmp_path / "float8", TINY, tied))
+    assert torch.equal(model.wte.weight, stored["wte.weight"].float())
+    stored["ln_f.bias"] = torch.tensor([float("nan")] * TINY.n_embd).to(dtype)
+    with pytest.raises(ValueError, match="tensor 'ln_f.bias' in .* holds NaN or infinite values"):
+        load_model(write_checkpoint(tmp_path / "nan", TINY, stored))
+
+
+@pytest.mark.parametrize("stored, dtype", [(torch.float64, "float32"), (torch.float32, "float16")])
+def test_a_value_too_large_for_the_dtype_it_loads_in_is_refused(tmp_path, state, stored, dtype):
+    big = {name: tensor.to(stored) for name, tensor in state.items()}
+    big["ln_f.weight"] = torch.full_like(big["ln_f.weight"], 1e39 if stored == torch.float64 else 1e5)
+    fix = "the checkpoint is damaged" if dtype == "float32" else "load it in float32"
+    with pytest.raises(ValueError, match=f"tensor 'ln_f.weight' in .* holds values too large for torch.{dtype}: {fix}"):
+        load_model(write_checkpoint(tmp_path / "big", TINY, big), dtype=dtype)
+
+
 def test_finite_weights_whose_sum_overflows_float32_still_load(tmp_path, state):
     huge = {**state, "ln_f.weight": torch.full_like(state["ln_f.weight"], 3e38)}  # finite, the sum is not
     assert_holds(load_model(write_checkpoint(tmp_path / "huge", TINY, huge)), huge)

@@ -10,6 +10,7 @@ float32 (the two compute the same sums in a different order).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -200,12 +201,19 @@ def test_rewinding_past_a_rows_length_raises_value_error(tiny):
     for bad in (6, -1, torch.tensor([3, 6])):
         with pytest.raises(ValueError, match=r"cannot rewind lengths \[5, 5\] to .*only forgets positions"):
             cache.rewind(bad)
-    for bad in (torch.tensor([1, 2, 3]), torch.tensor([2.0, 3.0]), torch.tensor(True), 2.5, True, "3", None):
+    for bad in (torch.tensor([1, 2, 3]), torch.tensor([2.0, 3.0]), torch.tensor(True), 2.5, True, "3", None,
+                np.array([2.9, 1.7]), np.array([True, False]), np.array(["2", "3"]), np.float64(2.0)):
         with pytest.raises(ValueError, match="rewind takes one integer length or 2 \\(one per row\\)"):
             cache.rewind(bad)
     assert cache.lengths.tolist() == [5, 5]  # nothing forgotten by a refused rewind
+    cache.rewind(np.array([4, 5]))
+    assert cache.lengths.tolist() == [4, 5]
     cache.rewind(torch.tensor([2, 5]))
     assert cache.lengths.tolist() == [2, 5]
+    empty = tiny.new_cache(batch_size=2)
+    empty.keep_rows([])
+    with pytest.raises(ValueError, match="the cache holds no rows"):
+        empty.length
 
 
 @torch.no_grad()
