@@ -104,6 +104,42 @@ def test_first_difference_and_count_differing():
     assert count_differing([1, 2], [1, 2, 3, 4]) == 2
 
 
+def explain(tokens_b: list[int], tokens_s: list[int], row_b: torch.Tensor, row_s: torch.Tensor, tolerance: float,
+            after_eos: bool = False) -> parity_check.Divergence:
+    d = first_difference(tokens_b, tokens_s)
+    return parity_check.explain_divergence(d, parity_check.Evidence.at(tokens_b, row_b, d, None),
+                                           parity_check.Evidence.at(tokens_s, row_s, d, None), row_b, row_s,
+                                           tolerance, after_eos)
+
+
+def test_a_divergence_whose_logits_differ_by_more_than_rounding_is_a_bug():
+    # Each run took its own argmax, both gaps are small, but the rows differ by 4e-4 of their scale: more than the
+    # float32 rounding between the two paths (~1e-6), so not a near-tie.
+    row_b, row_s = torch.tensor([100.0, 99.95, 10.0]), torch.tensor([99.96, 99.99, 10.0])
+    d = explain([0], [1], row_b, row_s, SETTINGS.relative_tolerance(torch.float32))
+    assert d.verdict == "BUG" and d.reason.startswith("the two runs' logits differ by 0.04, more than rounding")
+    row_b, row_s = torch.tensor([100.0, 99.999, 10.0]), torch.tensor([99.999, 100.0, 10.0])  # 1e-5 of the scale
+    assert explain([0], [1], row_b, row_s, SETTINGS.relative_tolerance(torch.float32)).verdict == "near-tie"
+    tied = torch.tensor([1.0, 1.0, 0.0])  # an exact tie: the one parting the fast path's zero tolerance allows
+    assert explain([0], [1], tied, tied, SETTINGS.relative_tolerance(torch.float32, fast_path=True)).verdict == \
+        "near-tie"
+
+
+def test_the_tie_tolerance_is_zero_on_the_fast_path(fast_kernels):
+    target = build_pair("", "", weights="tiny").target
+    assert SETTINGS.tolerance_for(target) == 0.0  # bit-exact: any parting of untied logits is a BUG
+    target.accelerator = None
+    assert SETTINGS.tolerance_for(target) == parity_check.DEFAULT_TIE_TOLERANCE
+
+
+def test_a_run_that_goes_on_after_end_of_text_is_named():
+    row = torch.tensor([3.0, 1.0, EOS])
+    d = explain([7, EOS], [7, EOS, 0], row, row, 1e-4, after_eos=True)
+    assert d.verdict == "BUG" and d.reason == "the speculative path went on after end-of-text"
+    d = explain([7, 0], [7], row, row, 1e-4)
+    assert d.reason == "one path stopped early without end-of-text while the other went on"
+
+
 # ---------------------------------------------------------------------------
 # The check on the benchmark suite
 # ---------------------------------------------------------------------------
