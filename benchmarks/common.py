@@ -353,9 +353,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Runs `main(argv)`; a user mistake (ValueError, FileNotFoundError) becomes one line on stderr and exit code 2,
-    never a traceback; Ctrl-C exit code 130."""
+    never a traceback; Ctrl-C exit code 130; a reader that closed stdout early (`| head`) exit code 141, as a
+    SIGPIPE; characters stdout cannot encode (γ, α on a cp1252 console) are written as '?'."""
     if sys.stderr is None:  # started with stderr closed (2>&-): print would send progress and errors to stdout
         sys.stderr = open(os.devnull, "w", encoding="utf-8")
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     try:
         return main(argv)
     except (ValueError, FileNotFoundError) as e:
@@ -364,3 +368,6 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error as Python flushes at exit
+        return 141

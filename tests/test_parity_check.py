@@ -11,6 +11,9 @@ controlled stand-in for the kernel differences of half precision.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -31,6 +34,7 @@ from benchmarks.parity_check import (
 from benchmarks.prompts import EARLY_EOS_PROMPTS, PROMPTS
 from gpt2 import GPT2, GPT2Config, init_random_weights
 from gpt2.generate import first_difference
+from helpers import REPO_ROOT
 from spec_decoding.acceptance import Verdict, speculative_sampling_greedy
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: a thread pool only adds waiting
@@ -256,6 +260,24 @@ def test_cli_writes_the_report_and_passes(tmp_path):
     assert summary["identical"] == summary["prompts"]
     report = (tmp_path / "parity.md").read_text()
     assert "## Summary" in report and "| float32 |" in report
+
+
+@pytest.mark.parametrize("stdout", ["closed early", "cp1252"])
+def test_a_reader_that_stops_early_or_cannot_encode_the_report_is_no_bug_and_no_traceback(tmp_path, stdout):
+    # `| head -1` closes the pipe before the report comes: not exit code 1, which says a BUG was found.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "cp1252" if stdout == "cp1252" else "utf-8"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.parity_check", "--tiny", "--dtypes", "float32", "--prompts", "1",
+         "--max-gen", "4", "--out", str(tmp_path)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    if stdout == "closed early":
+        process.stdout.close()
+        err = process.stderr.read().decode()
+    else:
+        out, err = (stream.decode("cp1252") for stream in process.communicate())
+        assert "| ?logit |" not in out and "max abs(?logit)" in out  # Δ is not in cp1252
+    code = process.wait()
+    assert "Traceback" not in err and code == (141 if stdout == "closed early" else 0), err
 
 
 def test_cli_exits_1_on_a_float32_bug(tmp_path, monkeypatch):
