@@ -430,6 +430,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     for name in ("gamma", "max_gen", "simulate_acceptance", "tree"):  # a value given twice is run once
         setattr(args, name, None if getattr(args, name) is None else list(dict.fromkeys(getattr(args, name))))
+    for name in ("gamma", "max_gen"):  # in order, for the tables and the plot's lines
+        setattr(args, name, None if getattr(args, name) is None else sorted(getattr(args, name)))
 
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
@@ -452,12 +454,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_threads(args.threads)
     settings = args.settings
+    folder = results_dir(args.out, "gamma_sweep", create=False)  # checked before the models load or download
     weights = "tiny" if args.tiny else "random" if args.random_weights else "checkpoint"
     pair = build_pair(args.target, args.draft, weights=weights, draft_equals_target=args.draft_equals_target,
                       device=args.device, dtype=args.dtype, quantize=args.quantize, seed=args.seed)
     prompts = encode_prompts(load_prompt_tokenizer(pair.tokenizer_folder), PROMPTS[: args.prompts], pair.device)
     check_fits(pair, prompts, settings)  # before the results folder is made: a bad setting leaves none behind
-    folder = results_dir(args.out, "gamma_sweep")
+    folder = results_dir(folder, "gamma_sweep")
 
     result = run_sweep(pair, prompts, settings, progress=not args.no_progress)
 

@@ -109,23 +109,24 @@ def cell_row(result: SweepResult, cell: Cell) -> dict:
     t_d, t_t, s_t, s_d = map(median, (group.t_draft, group.t_target, group.t_start_target, group.t_start_draft))
     t_v = median(group.t_verify[gamma if cell.tree is None else cell.tree])
     stats = pooled(cell.stats)
+    alpha = stats.alpha if stats.judged else None  # runs too short to draft judge nothing: no α to predict from
     if cell.tree is None:
-        E = expected_tokens_per_step(stats.alpha, gamma)
-        predicted = predicted_speedup(stats.alpha, gamma, t_d, t_t, t_v)
+        E = None if alpha is None else expected_tokens_per_step(alpha, gamma)
+        predicted = None if alpha is None else predicted_speedup(alpha, gamma, t_d, t_t, t_v)
     else:  # a tree has no closed form in α: its measured tokens per call stand in for E; one draft pass per depth
         E = stats.tokens_per_target_call
         predicted = E * t_t / (gamma * t_d + t_v)
-    with_start = predicted_speedup_with_start(E, gamma, n, t_d, t_t, t_v, s_t, s_d)
+    with_start = None if E is None else predicted_speedup_with_start(E, gamma, n, t_d, t_t, t_v, s_t, s_d)
     row = {
         "max_gen": n, "gamma": gamma, "tree": cell.tree, "alpha_sim": cell.alpha_sim,
         "drafter": "model" if cell.alpha_sim is None else "simulated",
         "speedup": speedup, "speedup_min": min(speedups), "speedup_max": max(speedups),
-        "spec_tok_s": cell.tokens / spec_s, "base_tok_s": group.base_tokens / base_s, "alpha": stats.alpha,
+        "spec_tok_s": cell.tokens / spec_s, "base_tok_s": group.base_tokens / base_s, "alpha": alpha,
         "accepted_per_drafted": stats.accepted_per_drafted, "tokens_per_call": stats.tokens_per_target_call,
         "t_draft_ms": 1e3 * t_d, "t_target_ms": 1e3 * t_t, "t_verify_ms": 1e3 * t_v, "c": t_d / t_t,
         "verify_ratio": t_v / t_t, "expected_tokens": E, "predicted_speedup": predicted,
-        "efficiency": speedup / predicted, "start_target_ms": 1e3 * s_t, "start_draft_ms": 1e3 * s_d,
-        "predicted_with_start": with_start, "efficiency_with_start": speedup / with_start,
+        "efficiency": None if predicted is None else speedup / predicted, "start_target_ms": 1e3 * s_t, "start_draft_ms": 1e3 * s_d,
+        "predicted_with_start": with_start, "efficiency_with_start": None if with_start is None else speedup / with_start,
         "draft_share": cell.draft_seconds / sum(cell.spec_seconds),
         "verify_share": cell.verify_seconds / sum(cell.spec_seconds),
         "tokens": cell.tokens, "spec_seconds": spec_s, "base_seconds": base_s, "context_len": group.context_len,

@@ -411,6 +411,24 @@ def test_a_value_given_twice_is_swept_once(tmp_path, prompt_tokenizer):
             SweepSettings(**{field: values})
 
 
+def test_runs_too_short_to_draft_show_no_alpha_and_the_gammas_come_in_order(tmp_path, prompt_tokenizer):
+    # One new token comes from the prefill: nothing is drafted or judged, so α (0 of 0) predicts nothing.
+    args = ONE_RUN + ["--gamma", "4", "1", "--max-gen", "1", "--simulate-acceptance", "1", "--out", str(tmp_path)]
+    assert main(args) == 0
+    _, rows = read_csv(tmp_path / "sweep.csv")
+    assert [r["gamma"] for r in rows] == ["1", "4"]  # the plot draws its lines in this order
+    for r in rows:
+        assert r["alpha"] == r["expected_tokens"] == r["predicted_speedup"] == r["efficiency"] == "", r
+    assert json.loads((tmp_path / "sweep.json").read_text())["rows"][0]["alpha"] is None
+
+
+def test_a_results_folder_that_is_a_file_is_refused_before_the_models_load(capsys, tmp_path, monkeypatch):
+    (tmp_path / "afile").touch()
+    monkeypatch.setattr(gamma_sweep, "build_pair", lambda *a, **k: pytest.fail("the models were built first"))
+    assert run_cli(main, ONE_RUN + ["--out", str(tmp_path / "afile")]) == 2
+    assert capsys.readouterr().err.strip().endswith("is a file: give a folder for the results")
+
+
 def test_a_results_folder_inside_a_file_is_one_line_and_exit_2(capsys, tmp_path, prompt_tokenizer):
     (tmp_path / "afile").touch()
     assert run_cli(main, ONE_RUN + ["--out", str(tmp_path / "afile" / "sub")]) == 2
