@@ -361,7 +361,10 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
     try:
-        return main(argv)
+        code = main(argv)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # here, where a reader that left is caught, not as Python exits
+        return code
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -369,5 +372,6 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error as Python flushes at exit
+        if sys.stdout is not None:  # what is left in its buffer goes nowhere as Python exits, not to an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

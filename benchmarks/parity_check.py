@@ -376,7 +376,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtypes", default=",".join(DTYPE_NAMES), help="comma-separated, default float32,bfloat16,"
                    "float16; unsupported ones are skipped")
     p.add_argument("--tie-tolerance", type=float, default=DEFAULT_TIE_TOLERANCE, help="near-tie threshold x "
-                   f"max|logit| (default {DEFAULT_TIE_TOLERANCE:g}, at least {TIE_EPS_MULTIPLE} eps(dtype))")
+                   f"max|logit| (default {DEFAULT_TIE_TOLERANCE:g}, at least {TIE_EPS_MULTIPLE} eps(dtype); 0 on the "
+                   "CPU fast path, which is bit-exact)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--out", help="results folder (default benchmarks/results/parity-<time>)")

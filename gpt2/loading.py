@@ -287,6 +287,14 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return bool(tensor.sum(dtype=torch.float32).isfinite()) or bool(torch.isfinite(widened(tensor)).all())
 
 
+def check_in_range(model: GPT2, path: Path, fix: str) -> None:
+    """Raises a ValueError, ending with `fix`, naming the first parameter that is not finite: one whose
+    checkpoint values were finite but lie past the range of the model's dtype."""
+    for name, param in model.named_parameters():
+        if not all_finite(param):
+            raise ValueError(f"tensor '{name}' in {path} holds values too large for {param.dtype}: {fix}")
+
+
 def check_finite(state: dict[str, torch.Tensor], *, source: str) -> None:
     """Raises a ValueError naming the first tensor that is not floating point
     or holds a NaN or an infinity: a damaged checkpoint, which would decode
@@ -362,11 +370,10 @@ def load_model(
     model = model.to_empty(device="cpu")
     load_weights(model, state)
     del state
+    check_in_range(model, path, "the checkpoint is damaged")  # a float64 file's values past float32's
     model = model.to(device=dev, dtype=dt).eval()
-    for name, param in model.named_parameters():  # finite as stored, but past the range of `dt`
-        if not all_finite(param):
-            fix = "load it in float32" if dt != torch.float32 else "the checkpoint is damaged"
-            raise ValueError(f"tensor '{name}' in {path} holds values too large for {dt}: {fix}")
+    if dt != torch.float32:
+        check_in_range(model, path, "load it in float32")
     int8 = quantization == "int8"
     if accelerate and dev.type == "cpu" and dt == torch.float32:
         accelerate_model(model, int8=int8)  # packs the kernels' weight copies now, not at the first pass

@@ -562,12 +562,15 @@ def test_a_float8_checkpoint_loads_tied_and_its_nan_is_refused(tmp_path, state, 
         load_model(write_checkpoint(tmp_path / "nan", TINY, stored))
 
 
-@pytest.mark.parametrize("stored, dtype", [(torch.float64, "float32"), (torch.float32, "float16")])
-def test_a_value_too_large_for_the_dtype_it_loads_in_is_refused(tmp_path, state, stored, dtype):
+@pytest.mark.parametrize("stored, dtype, too_large_for", [
+    (torch.float64, "float32", "float32"), (torch.float64, "bfloat16", "float32"), (torch.float32, "float16", "float16"),
+])
+def test_a_value_too_large_for_the_dtype_it_loads_in_is_refused(tmp_path, state, stored, dtype, too_large_for):
     big = {name: tensor.to(stored) for name, tensor in state.items()}
     big["ln_f.weight"] = torch.full_like(big["ln_f.weight"], 1e39 if stored == torch.float64 else 1e5)
-    fix = "the checkpoint is damaged" if dtype == "float32" else "load it in float32"
-    with pytest.raises(ValueError, match=f"tensor 'ln_f.weight' in .* holds values too large for torch.{dtype}: {fix}"):
+    fix = "the checkpoint is damaged" if too_large_for == "float32" else "load it in float32"
+    with pytest.raises(ValueError, match=f"tensor 'ln_f.weight' in .* holds values too large for "
+                                         f"torch.{too_large_for}: {fix}"):
         load_model(write_checkpoint(tmp_path / "big", TINY, big), dtype=dtype)
 
 

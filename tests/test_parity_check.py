@@ -266,6 +266,7 @@ def test_cli_writes_the_report_and_passes(tmp_path):
 def test_a_reader_that_stops_early_or_cannot_encode_the_report_is_no_bug_and_no_traceback(tmp_path, stdout):
     # `| head -1` closes the pipe before the report comes: not exit code 1, which says a BUG was found.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "cp1252" if stdout == "cp1252" else "utf-8"}
+    env.pop("PYTHONUNBUFFERED", None)  # a pipe's stdout is buffered: the report is written as the run ends
     process = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.parity_check", "--tiny", "--dtypes", "float32", "--prompts", "1",
          "--max-gen", "4", "--out", str(tmp_path)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
@@ -278,6 +279,14 @@ def test_a_reader_that_stops_early_or_cannot_encode_the_report_is_no_bug_and_no_
         assert "| ?logit |" not in out and "max abs(?logit)" in out  # Δ is not in cp1252
     code = process.wait()
     assert "Traceback" not in err and code == (141 if stdout == "closed early" else 0), err
+
+
+def test_a_broken_pipe_with_stdout_closed_is_no_bug_either(monkeypatch):
+    def broken(argv):  # stderr piped to a reader that left, stdout closed (>&-)
+        raise BrokenPipeError
+
+    monkeypatch.setattr(sys, "stdout", None)
+    assert run_cli(broken, []) == 141
 
 
 def test_cli_exits_1_on_a_float32_bug(tmp_path, monkeypatch):
