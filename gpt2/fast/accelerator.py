@@ -359,11 +359,13 @@ class FastGPT2:
         changed weights packed again, whenever a parameter changed); None if
         one is not CPU float32 and contiguous."""
         tensors = self.parameters_now(model)
-        if tensors is None or any(t is None for t in tensors):
+        if tensors is None:
             return None
         try:
             key = [t.data_ptr() for t in tensors] + [t._version for t in tensors]
         except RuntimeError:  # a tensor made under inference mode has no version counter to watch
+            return None
+        except AttributeError:  # a parameter set to None (a Linear or LayerNorm without a bias)
             return None
         if key == self.table_key and not self.optimizer_stepped:
             return self.table
