@@ -581,6 +581,9 @@ def compare_with_target_alone(
         "predicted_speedup": predicted,
         "predicted_from": "alpha" if closed_form else "tokens_per_target_call",
         "speedup_matches_prediction": speedups_agree(speedup, predicted),
+        "spec_seconds": timings["generate_seconds"],
+        # the prompt's prefill in both models and the loop's own work: in the measured speedup, not the predicted
+        "outside_steps_seconds": timings["generate_seconds"] - stats.draft_seconds - stats.verify_seconds,
         "greedy": sampling.greedy,
         "identical": baseline_ids == spec_tokens,
         "first_difference": first_difference(spec_tokens, baseline_ids),

@@ -269,6 +269,7 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
     assert comparison["baseline_token_ids"] == out["token_ids"]
     assert comparison["baseline_tokens_per_second"] > 0 and comparison["speedup"] > 0
     assert comparison["predicted_speedup"] > 0 and isinstance(comparison["speedup_matches_prediction"], bool)
+    assert 0 < comparison["outside_steps_seconds"] < comparison["spec_seconds"]  # the prefills at least
     assert set(comparison["step_seconds"]) == {"draft", "target", "verify"}
     assert all(seconds > 0 for seconds in comparison["step_seconds"].values())
 
@@ -669,10 +670,12 @@ def test_first_difference():
     assert first_difference([1, 2], [1, 2, 3]) == 2, "one output is a prefix of the other"
 
 
-def comparison_of(spec: list[int], alone: list[int], *, speedup: float, predicted: float, agree: bool) -> dict:
+def comparison_of(spec: list[int], alone: list[int], *, speedup: float, predicted: float, agree: bool,
+                  outside: float = 0.01) -> dict:
     return {
         "baseline_token_ids": alone, "baseline_tokens_per_second": 10.0, "baseline_seconds": 0.3,
         "speedup": speedup, "predicted_speedup": predicted, "speedup_matches_prediction": agree,
+        "spec_seconds": 0.2, "outside_steps_seconds": outside,
         "step_seconds": {"draft": 0.002, "target": 0.01, "verify": 0.012},
         "greedy": True, "first_difference": first_difference(spec, alone), "predicted_from": "alpha",
     }
@@ -697,6 +700,17 @@ def test_compare_report_says_plainly_when_the_speedups_disagree(folders, capsys)
     assert "2.98x measured, 0.71x predicted" in out
     assert "they disagree by more than 30%, so the measured one is not reliable: the machine's load changed " \
         "between the two runs" in out
+
+
+def test_compare_report_names_a_long_prefill_when_the_speedups_disagree(folders, capsys):
+    # A long prompt and few new tokens: the prefill, in the measured speedup only, is most of the run.
+    enc = load_tokenizer(folders["target"])
+    tokens = enc.encode(" the cat sat")
+    print_comparison(comparison_of(tokens, tokens, speedup=0.91, predicted=1.71, agree=False, outside=0.15),
+                     tokens, enc)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0.91x measured, 1.71x predicted" in out and "load changed" not in out
+    assert "0.15 s of the run's 0.20 s went outside its steps, mostly the prompt's prefill in both models" in out
 
 
 # ---------------------------------------------------------------------------
