@@ -24,7 +24,7 @@ from gpt2.generate import check_model, prefill_rows
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
-from .drafters import check_reference, out_of_range, position_coins
+from .drafters import NOT_PROBABILITIES, check_reference, improper, out_of_range, position_coins
 
 
 @dataclass
@@ -52,6 +52,11 @@ def drafted_mask(K: list[int], device: torch.device) -> torch.Tensor:
     return torch.arange(max(K), device=device)[None] < torch.tensor(K, device=device)[:, None]
 
 
+def drafted_probs(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """(B, K) the probability of each drafted token under its row and position of `probs` (B, K, V)."""
+    return probs.gather(2, tokens.long().unsqueeze(2)).squeeze(2)  # (B, K, V) -> (B, K, 1) -> (B, K)
+
+
 def check_batch_draft(draft: BatchDraft, K: list[int], vocab_size: int, sampling: bool, drafter: object,
                       device: torch.device) -> BatchDraft:
     """`draft` with its tokens as int64, which indexing takes. Raises a
@@ -72,8 +77,13 @@ def check_batch_draft(draft: BatchDraft, K: list[int], vocab_size: int, sampling
     elif bool(out_of_range(tokens[:, :K_max], vocab_size)[drafted_mask(K, device)].any()):
         problem = f"token ids in 0..{vocab_size - 1}, got {tokens.tolist()}"
     elif sampling and (not isinstance(probs, torch.Tensor) or probs.dim() != 3 or probs.size(0) != B
-                       or probs.size(1) < K_max or probs.size(2) != vocab_size):
-        problem = f"probs of shape ({B}, >= {K_max}, {vocab_size}) when sampling, got {getattr(probs, 'shape', probs)}"
+                       or probs.size(1) < K_max or probs.size(2) != vocab_size or probs.device != device):
+        where = f" on {probs.device}" if isinstance(probs, torch.Tensor) else ""
+        problem = f"probs of shape ({B}, >= {K_max}, {vocab_size}) on {device} when sampling, got " \
+                  f"{getattr(probs, 'shape', probs)}{where}"
+    elif sampling and K_max and improper(
+            q := drafted_probs(probs[:, :K_max], tokens[:, :K_max])[drafted_mask(K, device)]):  # (B, K_max) -> (n,)
+        problem = NOT_PROBABILITIES.format(q.tolist())
     if problem is not None:
         raise ValueError(f"{type(drafter).__name__}.propose must return {problem}")
     return replace(draft, tokens=tokens.long())

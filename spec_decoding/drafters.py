@@ -53,11 +53,23 @@ def out_of_range(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return (ids < 0) | (ids >= vocab_size)
 
 
+# What a drafter's probs must give each drafted token: the probability it was drawn with, in (0, 1] (a little over
+# 1 for rounding); log-probabilities or logits there would be taken for probabilities and bias the output.
+NOT_PROBABILITIES = "probs under which each drafted token has the probability it was drawn with, in (0, 1] " \
+                    "(not log-probabilities or logits), got {}"
+
+
+def improper(q: torch.Tensor) -> bool:
+    """Whether a drafted token's probability in `q` lies outside (0, 1] (NaN included)."""
+    return not bool(((q > 0) & (q <= 1.001)).all())
+
+
 def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: torch.device) -> Draft:
     """`draft` with its tokens as int64, which indexing takes. Raises a
     ValueError naming the `drafter` (one written elsewhere) unless `draft` is
     what the loop can verify: a Draft of at most K token ids in 0..V-1 (a
-    1-D integer tensor on `device`), probs None or (k, V)."""
+    1-D integer tensor on `device`), probs None or (k, V) on `device`, each
+    drafted token's probability in (0, 1]."""
     tokens, probs = getattr(draft, "tokens", None), getattr(draft, "probs", None)
     problem = None
     if not isinstance(draft, Draft) or not isinstance(tokens, torch.Tensor):
@@ -68,8 +80,14 @@ def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: 
         problem = f"at most K = {K} tokens on {device}, got {tokens.numel()} on {tokens.device}"
     elif tokens.numel() and bool(out_of_range(tokens, vocab_size).any()):
         problem = f"token ids in 0..{vocab_size - 1}, got {tokens.tolist()}"
-    elif probs is not None and (not isinstance(probs, torch.Tensor) or probs.shape != (tokens.numel(), vocab_size)):
-        problem = f"probs None or of shape ({tokens.numel()}, {vocab_size}), got {getattr(probs, 'shape', probs)}"
+    elif probs is not None and (not isinstance(probs, torch.Tensor) or probs.shape != (tokens.numel(), vocab_size)
+                                or probs.device != device):
+        where = f" on {probs.device}" if isinstance(probs, torch.Tensor) else ""
+        problem = f"probs None or of shape ({tokens.numel()}, {vocab_size}) on {device}, got " \
+                  f"{getattr(probs, 'shape', probs)}{where}"
+    elif probs is not None and tokens.numel() and improper(
+            q := probs[torch.arange(tokens.numel(), device=device), tokens.long()]):  # (k, V) -> (k,)
+        problem = NOT_PROBABILITIES.format(q.tolist())
     if problem is not None:
         raise ValueError(f"{type(drafter).__name__}.propose must return {problem}")
     return replace(draft, tokens=tokens.long())

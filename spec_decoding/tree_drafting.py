@@ -25,7 +25,7 @@ import torch
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
-from .drafters import ModelDrafter, check_reference, position_coins
+from .drafters import NOT_PROBABILITIES, ModelDrafter, check_reference, improper, position_coins
 from .tree import TokenTree, TreeShape
 from .tree_acceptance import without
 
@@ -72,6 +72,12 @@ def check_tree_draft(draft: TreeDraft, root: int, vocab_size: int, max_depth: in
         problem = f"distinct tokens among siblings (draw them without replacement), got {list(tree.tokens)}"
     elif sampling and (not isinstance(probs, torch.Tensor) or probs.shape != (tree.size, vocab_size)):
         problem = f"probs of shape ({tree.size}, {vocab_size}) when sampling, got {getattr(probs, 'shape', probs)}"
+    elif sampling and tree.size > 1:
+        # node i was drawn from its parent's row: (size, V) -> (size - 1,)
+        rows, tokens = (torch.tensor(ids[1:], device=probs.device) for ids in (tree.parents, tree.tokens))
+        drawn = probs[rows, tokens]
+        if improper(drawn):
+            problem = NOT_PROBABILITIES.format(drawn.tolist())
     if problem is not None:
         raise ValueError(f"{type(drafter).__name__}.propose must return {problem}")
 

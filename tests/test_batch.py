@@ -529,7 +529,9 @@ def test_a_batch_drafter_written_elsewhere_is_checked_and_named(target, drafts):
         r"\(2, >= 2\) integer token ids on cpu, got a torch.int64 tensor of shape \(2, 1\)":
             lambda d: replace(d, tokens=d.tokens[:, :1]),
         "token ids in 0..63": lambda d: replace(d, tokens=d.tokens + 64),
-        r"probs of shape \(2, >= 2, 64\) when sampling, got None": lambda d: replace(d, probs=None),
+        r"probs of shape \(2, >= 2, 64\) on cpu when sampling, got None": lambda d: replace(d, probs=None),
+        "probs under which each drafted token has the probability it was drawn with": lambda d: replace(
+            d, probs=d.probs.log()),
         "a BatchDraft holding a tensor of tokens, got tuple": lambda d: (d.tokens, d.probs),
     }
     for message, edit in bad.items():

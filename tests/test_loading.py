@@ -563,7 +563,8 @@ def test_a_float8_checkpoint_loads_tied_and_its_nan_is_refused(tmp_path, state, 
 
 
 @pytest.mark.parametrize("stored, dtype, too_large_for", [
-    (torch.float64, "float32", "float32"), (torch.float64, "bfloat16", "float32"), (torch.float32, "float16", "float16"),
+    (torch.float64, "float32", "float32"), (torch.float64, "bfloat16", "float32"),
+    (torch.float32, "float16", "float16"),
 ])
 def test_a_value_too_large_for_the_dtype_it_loads_in_is_refused(tmp_path, state, stored, dtype, too_large_for):
     big = {name: tensor.to(stored) for name, tensor in state.items()}

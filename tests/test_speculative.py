@@ -518,9 +518,16 @@ class ProposesThis(Drafter):
         (Draft(torch.tensor([1.0, 2.0]), None, 0), r"\(k,\) integer token ids, got a torch.float32 tensor"),
         (Draft(torch.tensor([1, 999]), None, 0), r"token ids in 0..63, got \[1, 999\]"),  # an IndexError
         (Draft(torch.tensor([1, 2]), torch.ones(2, 5) / 5, 0), r"probs None or of shape \(2, 64\)"),
+        (Draft(torch.tensor([1, 2]), torch.ones(2, 64, device="meta"), 0),
+         r"probs None or of shape \(2, 64\) on cpu, got .* on meta"),
+        (Draft(torch.tensor([1, 2]), (torch.ones(2, 64) / 64).log(), 0),  # taken for probabilities: a biased output
+         r"probs under which each drafted token has the probability it was drawn with, in \(0, 1\] \(not "
+         r"log-probabilities or logits\), got \[-4.15"),
+        (Draft(torch.tensor([1, 2]), torch.full((2, 64), float("nan")), 0), "probs under which .* got \\[nan, nan\\]"),
         ([1, 2], "a Draft holding a tensor of tokens, got list"),
     ],
-    ids=["too many", "floats", "past the vocabulary", "probs of another shape", "not a Draft"],
+    ids=["too many", "floats", "past the vocabulary", "probs of another shape", "probs on another device",
+         "log-probs", "NaN probs", "not a Draft"],
 )
 def test_a_proposal_the_loop_cannot_verify_is_refused(target, draft, message):
     with pytest.raises(ValueError, match=r"ProposesThis.propose must return " + message):

@@ -407,6 +407,8 @@ def test_a_tree_drafter_written_elsewhere_is_checked_and_named(models):
         "at most 60 nodes 2 deep, got 5 nodes 3 deep": lambda d: replace(d, tree=TokenTree((*d.tree.tokens, 9),
                                                                           (*d.tree.parents, d.tree.size - 1))),
         "probs of shape": lambda d: replace(d, probs=None),
+        "probs under which each drafted token has the probability it was drawn with": lambda d: replace(
+            d, probs=d.probs.log()),
     }
     for message, edit in bad.items():
         with pytest.raises(ValueError, match=f"Proposing.propose must return {message}"):
