@@ -33,7 +33,7 @@ from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
 from .acceptance import Verdict, speculative_sampling, speculative_sampling_greedy
 from .batch_drafters import BatchDraft, BatchDrafter, check_batch_draft
-from .drafters import Drafter, ModelDrafter, check_drafter_fits
+from .drafters import Drafter, ModelDrafter, check_drafter_fits, drafting_room
 from .schedule import check_draft_length
 from .stats import BatchStats, clock
 
@@ -201,7 +201,7 @@ def decode_rows(
 
     while ids:
         # Row i's step emits at most K_i + 1 tokens: K_i shrinks near its end.
-        K = [min(gamma, max_len[b] - s - 1, drafter.max_draft(s)) for b, s in zip(ids, S)]
+        K = [min(gamma, max_len[b] - s - 1, drafting_room(drafter, s)) for b, s in zip(ids, S)]
         t0 = clock(device)
         proposal = drafter.propose(seqs, S, K, sampling, generators, ids)
         proposal = check_batch_draft(proposal, K, target.config.vocab_size, not sampling.greedy, drafter, device)

@@ -17,6 +17,7 @@ it has not seen; after verification the loop calls `rewind(valid)`.
 
 from __future__ import annotations
 
+import operator
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
@@ -91,6 +92,20 @@ def check_draft(draft: Draft, K: int, vocab_size: int, drafter: object, device: 
     if problem is not None:
         raise ValueError(f"{type(drafter).__name__}.propose must return {problem}")
     return replace(draft, tokens=tokens.long())
+
+
+def drafting_room(drafter: object, seq_len: int, method: str = "max_draft") -> int:
+    """`drafter.<method>(seq_len)`, the most tokens (or depths) it can draft after `seq_len` tokens, as an int >= 0
+    (a negative count: no room). Raises a ValueError naming a drafter written elsewhere that answers anything but an
+    integer."""
+    room = getattr(drafter, method)(seq_len)
+    if not isinstance(room, bool):
+        try:
+            return max(0, operator.index(room))
+        except TypeError:
+            pass
+    raise ValueError(f"{type(drafter).__name__}.{method} must return an integer (the most it can draft after "
+                     f"{seq_len} tokens), got {room!r}")
 
 
 def check_drafter_fits(drafter: object, target: GPT2) -> None:

@@ -29,7 +29,7 @@ from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 from .acceptance import speculative_sampling, speculative_sampling_greedy
 from .batch import batch_speculative_generate, row_generators
 from .batch_drafters import BatchDrafter
-from .drafters import Draft, Drafter, ModelDrafter, check_draft, check_drafter_fits
+from .drafters import Draft, Drafter, ModelDrafter, check_draft, check_drafter_fits, drafting_room
 from .schedule import GammaSchedule, make_schedule, next_gamma
 from .stats import BatchStats, SpecStats, clock
 from .tree import TreeShape
@@ -168,7 +168,7 @@ def speculative_generate(
 
     while S < max_len:
         # The step emits at most K + 1 tokens: K shrinks near the end.
-        K = min(next_gamma(schedule), max_len - S - 1, drafter.max_draft(S))
+        K = min(next_gamma(schedule), max_len - S - 1, drafting_room(drafter, S))
 
         t0 = clock(device)
         if K > 0:

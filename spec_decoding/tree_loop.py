@@ -26,7 +26,7 @@ from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, check_generator, logits_to_probs
 
 from .batch_drafters import BatchDrafter
-from .drafters import Drafter, ModelDrafter, check_drafter_fits
+from .drafters import Drafter, ModelDrafter, check_drafter_fits, drafting_room
 from .schedule import check_draft_length
 from .stats import SpecStats, clock
 from .tree import TokenTree, TreeShape
@@ -117,7 +117,7 @@ def tree_speculative_generate(
     while S < max_len:
         # The step emits at most depth + 1 tokens, and the tree's nodes take the target's cache slots
         # [S, S + nodes); the draft, which is never fed the deepest level, stops growing the tree at its own window.
-        max_depth = min(shape.max_depth, max_len - S - 1, drafter.max_depth(S))
+        max_depth = min(shape.max_depth, max_len - S - 1, drafting_room(drafter, S, "max_depth"))
         max_nodes = target.config.n_ctx - S
 
         t0 = clock(device)

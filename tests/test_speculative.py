@@ -534,6 +534,35 @@ def test_a_proposal_the_loop_cannot_verify_is_refused(target, draft, message):
         speculative_generate(target, ProposesThis(draft), prompt(), gamma=2, max_new_tokens=5)
 
 
+@pytest.mark.parametrize("room", [-1, 2.5, None])
+def test_a_drafters_room_must_be_an_integer_and_a_negative_one_is_none(target, room):
+    # A window rule without max(0, ...) counted its plain steps under K = 4 (gamma_hist[-1]), then an IndexError.
+    class Answers(ModelDrafter):
+        def max_draft(self, seq_len: int):
+            return room
+
+    if room == -1:
+        out, stats = speculative_generate(target, Answers(target), prompt(), gamma=4, max_new_tokens=5)
+        assert torch.equal(out, generate(target, prompt(), 5))
+        assert stats.gamma_hist == [stats.target_calls, 0, 0, 0, 0] and stats.drafted == 0
+    else:
+        with pytest.raises(ValueError, match=f"Answers.max_draft must return an integer .* got {room}"):
+            speculative_generate(target, Answers(target), prompt(), gamma=4, max_new_tokens=5)
+
+        class Shallow(TreeDrafter):
+            def max_depth(self, seq_len: int):
+                return room
+
+        class Narrow(BatchDrafter):
+            def max_draft(self, seq_len: int):
+                return room
+
+        with pytest.raises(ValueError, match=f"Shallow.max_depth must return an integer .* got {room}"):
+            speculative_generate(target, Shallow(target), prompt(), tree="2,1", max_new_tokens=5)
+        with pytest.raises(ValueError, match=f"Narrow.max_draft must return an integer .* got {room}"):
+            speculative_generate(target, Narrow(target), [[1, 2], [3]], gamma=2, max_new_tokens=5)
+
+
 def test_a_vocabulary_mismatch_is_refused_before_any_work(target):
     other_vocab = tiny_gpt2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=65), seed=3)
     with (
