@@ -176,7 +176,7 @@ def prompt_row(row, b: int) -> torch.Tensor:
 
 def check_lengths(lengths, B: int, T: int) -> list[int]:
     """The B row lengths of a padded (B, T) tensor of prompts as ints in [0, T], or a ValueError."""
-    values = lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths
+    values = lengths.tolist() if hasattr(lengths, "tolist") else lengths  # a tensor or a numpy array
     if not isinstance(values, Sequence) or len(values) != B:
         raise ValueError(f"lengths must give one length per row: {B} integers, got {lengths!r:.60}")
     checked = []

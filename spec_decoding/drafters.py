@@ -17,6 +17,7 @@ it has not seen; after verification the loop calls `rewind(valid)`.
 
 from __future__ import annotations
 
+import numbers
 import operator
 import sys
 from abc import ABC, abstractmethod
@@ -180,12 +181,12 @@ class ModelDrafter(Drafter):
     """
 
     def __init__(self, model: GPT2, *, p_min: float | None = None) -> None:
-        if p_min is not None and not (isinstance(p_min, (int, float)) and not isinstance(p_min, bool)
-                                      and 0.0 <= p_min <= 1.0):
+        if p_min is not None and not (isinstance(p_min, numbers.Real) and not isinstance(p_min, bool)
+                                      and 0.0 <= p_min <= 1.0):  # numpy floats too
             raise ValueError(f"p_min must be a probability in [0, 1] (or None to always draft K), got {p_min!r}")
         check_model(model, "draft")
         self.model = model
-        self.p_min = p_min
+        self.p_min = None if p_min is None else float(p_min)
         self.cache = model.new_cache(1)
 
     @property

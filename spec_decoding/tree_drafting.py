@@ -18,6 +18,7 @@ verifies), deciding how many children a node gets before drawing them.
 from __future__ import annotations
 
 import itertools
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -282,7 +283,8 @@ class SimulatedTreeDrafter(TreeDrafter):
         self, draft: GPT2 | ModelDrafter, reference: torch.Tensor, profile: tuple[float, ...], *, seed: int = 0
     ) -> None:
         super().__init__(draft)
-        numeric = isinstance(profile, (tuple, list)) and all(type(p) in (int, float) for p in profile)
+        numeric = isinstance(profile, (tuple, list)) and all(
+            isinstance(p, numbers.Real) and not isinstance(p, bool) for p in profile)  # numpy floats too
         if not numeric or not profile or not all(0 <= p <= 1 for p in profile) or sum(profile) > 1 + 1e-9:  # NaN too
             raise ValueError(f"an acceptance profile is P(rank 1), P(rank 2), ... >= 0 summing to <= 1, got {profile}")
         if not isinstance(reference, torch.Tensor):
@@ -290,7 +292,7 @@ class SimulatedTreeDrafter(TreeDrafter):
                              f"(gpt2.generate's output), got {type(reference).__name__}")
         self.reference = reference.flatten().tolist()
         check_reference(self.reference, self.vocab_size)
-        self.profile = tuple(profile)
+        self.profile = tuple(map(float, profile))
         self.coins = position_coins(seed, 1, max(len(self.reference), self.model.config.n_ctx) + 1)[0]
         self.cumulative = list(itertools.accumulate(self.profile))  # P(rank <= r + 1)
 

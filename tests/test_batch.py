@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -181,6 +182,7 @@ def test_a_padded_tensor_with_lengths_is_the_same_batch_as_a_list(target):
     for b, p in enumerate(PROMPTS):
         padded[b, : len(p)] = torch.tensor(p)
     assert generate(target, padded, 12, lengths=torch.tensor(lengths)) == generate(target, PROMPTS, 12)
+    assert generate(target, padded, 12, lengths=np.array(lengths)) == generate(target, PROMPTS, 12)  # was refused
 
 
 def test_rows_of_near_lengths_share_a_prefill_pass_and_far_ones_do_not(target):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -147,6 +148,7 @@ def test_p_min_keeps_the_output_and_drafts_less(target, drafts, p_min):
 def test_p_min_must_be_a_probability(drafts, p_min):
     with pytest.raises(ValueError, match=r"p_min must be a probability in \[0, 1\]"):
         ModelDrafter(drafts["perturbed"], p_min=p_min)
+    assert ModelDrafter(drafts["perturbed"], p_min=np.float32(0.5)).p_min == 0.5  # was refused as no probability
 
 
 @pytest.mark.parametrize("model", ["gpt2", None])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -263,7 +264,7 @@ def test_the_simulated_tree_drafter_keeps_the_output_and_follows_its_profile(mod
     target, drafts = models
     ids = prompt()
     reference = generate(target, ids, NEW_TOKENS)
-    drafter = SimulatedTreeDrafter(drafts["unrelated"], reference, profile, seed=0)
+    drafter = SimulatedTreeDrafter(drafts["unrelated"], reference, tuple(map(np.float64, profile)), seed=0)
     out, stats = speculative_generate(target, drafter, ids, tree="2,2", max_new_tokens=NEW_TOKENS)
     assert out.tolist() == reference.tolist()
     depth1 = stats.accepted_rank[0] if stats.accepted_rank else []
