@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from gpt2.generate import check_model, prefill_rows
+from gpt2.generate import check_integer, check_model, prefill_rows
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
@@ -219,6 +219,7 @@ class SimulatedBatchDrafter(BatchDrafter):
     def __init__(self, model: GPT2, references: list[list[int]], alpha: float, *, seed: int = 0,
                  first_row: int = 0) -> None:
         super().__init__(model)
+        first_row = check_integer(first_row, "first_row", 0)
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
             raise ValueError(f"the simulated acceptance rate must be a number in [0, 1], got {alpha!r}")
         try:

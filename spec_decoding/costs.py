@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import os
 import platform
 import statistics
@@ -56,8 +57,10 @@ class StepCosts:
     t_verify: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        finite = all(math.isfinite(t) for t in (self.t_draft, *self.t_verify))
-        if not self.t_verify or not finite or self.t_draft < 0 or min(self.t_verify) <= 0:
+        times = tuple(self.t_verify) if isinstance(self.t_verify, (tuple, list)) else ()
+        numbers_only = all(isinstance(t, numbers.Real) and not isinstance(t, bool) for t in (self.t_draft, *times))
+        finite = numbers_only and all(math.isfinite(t) for t in (self.t_draft, *times))
+        if not times or not finite or self.t_draft < 0 or min(times) <= 0:
             raise ValueError(f"step costs need a finite t_draft >= 0 and finite positive t_verify times, got {self}")
         object.__setattr__(self, "t_verify", tuple(float(t) for t in self.t_verify))
 
@@ -201,6 +204,9 @@ def calibrate(
         refresh: measure again even if a calibration is stored.
     """
     max_tokens = check_integer(max_tokens, "max_tokens", 1)
+    if not isinstance(target, GPT2) or not (draft is None or isinstance(draft, GPT2)):
+        raise ValueError(f"calibrate times loaded GPT2 models (gpt2.load_model), the draft's or None, got "
+                         f"{type(target).__name__} and {type(draft).__name__}")
     key = calibration_key(target, draft, max_tokens)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(cache_dir or default_cache_dir()) / f"step-costs-{digest}.json"

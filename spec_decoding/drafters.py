@@ -267,6 +267,7 @@ def position_coins(seed: int, rows: int, length: int) -> list[list[float]]:
     each row's sequence, the simulated drafters' coins. The same seed and
     length give the same coins to a chain, a tree and a batch drafter (row 0),
     so that their runs meet the same accepted positions."""
+    seed = check_integer(seed, "the simulated drafter's seed", -2**63)  # manual_seed takes 64-bit integers
     return torch.rand(rows, length, generator=torch.Generator().manual_seed(seed)).tolist()  # (rows, length)
 
 

@@ -156,14 +156,18 @@ class AutoGamma(GammaSchedule):
         window: int = 32,
     ) -> None:
         self.max_gamma = check_integer(max_gamma, "max_gamma", 1)
+        if not isinstance(costs, StepCosts):
+            raise ValueError(f"costs must be StepCosts (spec_decoding.costs.calibrate(target, draft, max_gamma + 1)), "
+                             f"got {type(costs).__name__}")
         if costs.max_tokens < self.max_gamma + 1:
             raise ValueError(
                 f"the step costs cover target passes of up to {costs.max_tokens} tokens; max_gamma {max_gamma} "
                 f"needs {self.max_gamma + 1}: calibrate with max_tokens={self.max_gamma + 1}"
             )
-        if not (0.0 <= prior_alpha <= 1.0 and 0 < prior_weight < math.inf):  # NaN fails both
+        real = all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in (prior_alpha, prior_weight))
+        if not (real and 0.0 <= prior_alpha <= 1.0 and 0 < prior_weight < math.inf):  # NaN fails both
             raise ValueError(f"the prior needs 0 <= prior_alpha <= 1 and a finite prior_weight > 0, got "
-                             f"{prior_alpha}, {prior_weight}")
+                             f"{prior_alpha!r}, {prior_weight!r}")
         self.costs = costs
         self.prior_alpha = prior_alpha
         self.prior_weight = prior_weight

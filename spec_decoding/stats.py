@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from gpt2.generate import check_integer
+
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
     """E = (1 - α^(γ+1)) / (1 - α): the mean number of tokens one target call
@@ -108,6 +110,7 @@ class SpecStats:
     accepted_rank: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.gamma = check_integer(self.gamma, "SpecStats' gamma (the most tokens a step drafts)", 0)
         if not self.accepted_hist:
             self.accepted_hist = [0] * (self.gamma + 1)
             self.reached_at = [0] * self.gamma

@@ -165,7 +165,7 @@ class TreeShape:
         """A static shape from text such as "3,2,1,1"."""
         try:
             branching = tuple(int(part) for part in text.split(","))
-        except ValueError:
+        except (ValueError, AttributeError):  # not numbers, or not text
             branching = ()
         if not branching or min(branching) < 1:
             raise ValueError(f"a tree shape is children per depth, integers >= 1 such as 3,2,1,1; got {text!r}")

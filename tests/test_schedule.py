@@ -20,7 +20,9 @@ import torch
 
 import spec_decoding.costs
 from gpt2 import GPT2Config
-from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, StepCosts, best_gamma, calibrate
+from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, SimulatedDrafter, SpecStats, StepCosts, TreeShape
+from spec_decoding import best_gamma, calibrate
+from spec_decoding.batch_drafters import SimulatedBatchDrafter
 from spec_decoding.costs import non_decreasing, relative_medians
 from spec_decoding.drafters import ModelDrafter, NgramDrafter
 from spec_decoding.schedule import expected_rate, make_schedule, posterior_tokens
@@ -401,3 +403,28 @@ def test_gamma_auto_takes_a_drafter_written_to_the_abc_without_a_model(tmp_path,
     assert sum(stats.gamma_hist) == stats.target_calls and stats.draft_calls == 0
     (stored,) = tmp_path.glob("step-costs-*.json")
     assert json.loads(stored.read_text())["t_draft"] == 0.0
+
+
+HELPER_MISTAKES = {
+    "StepCosts of text": (lambda m: StepCosts("1", (0.01,)), "step costs need a finite t_draft"),
+    "StepCosts of one time": (lambda m: StepCosts(0.0, 0.01), "step costs need a finite t_draft"),
+    "AutoGamma without costs": (lambda m: AutoGamma(None), "costs must be StepCosts"),
+    "a prior as text": (lambda m: AutoGamma(StepCosts(0.001, (0.01,) * 13), prior_alpha="0.5"),
+                        "the prior needs 0 <= prior_alpha <= 1 and a finite prior_weight > 0, got '0.5'"),
+    "calibrate with a name": (lambda m: calibrate(m, "gpt2", 4), "calibrate times loaded GPT2 models"),
+    "SpecStats of 2.5": (lambda m: SpecStats(2.5), r"SpecStats' gamma .* must be an integer >= 0, got 2.5"),
+    "SpecStats of -1": (lambda m: SpecStats(-1), r"SpecStats' gamma .* must be an integer >= 0, got -1"),
+    "TreeShape.parse(None)": (lambda m: TreeShape.parse(None), "a tree shape is children per depth"),
+    "a seed of 1.5": (lambda m: SimulatedDrafter(m, torch.tensor([1, 2]), 0.5, seed=1.5),
+                      "the simulated drafter's seed must be an integer"),
+    "first_row -1": (lambda m: SimulatedBatchDrafter(m, [[1, 2]], 0.5, first_row=-1),
+                     "first_row must be an integer >= 0, got -1"),
+}
+
+
+@pytest.mark.parametrize("mistake", HELPER_MISTAKES)
+def test_the_exported_helpers_refuse_what_they_cannot_use_in_one_line(mistake):
+    # Each was a TypeError, AttributeError or RuntimeError from inside, or (-1, first_row -1) taken.
+    make, message = HELPER_MISTAKES[mistake]
+    with pytest.raises(ValueError, match=message):
+        make(tiny_gpt2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=32, vocab_size=50), seed=0))
