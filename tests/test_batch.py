@@ -10,6 +10,7 @@ distribution of sampled rows is checked in test_batch_lossless.py.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -373,6 +374,24 @@ def test_simulated_batch_drafter_keeps_the_output_and_sets_alpha(target, drafts)
         rows, stats = speculative_generate(target, drafter, PROMPTS, gamma=4, max_new_tokens=NEW_TOKENS)
         assert rows == references
         assert stats.alpha == alpha if alpha in (0.0, 1.0) else 0.3 < stats.alpha < 0.9
+
+
+def test_simulated_batch_drafter_accepts_at_alpha_within_four_standard_errors(target, drafts):
+    prompts = [[b + 1] for b in range(16)]
+    references = generate(target, prompts, 60)
+
+    def measured(alpha: float) -> tuple[float, int]:
+        drafter = SimulatedBatchDrafter(drafts["unrelated"], references, alpha, seed=0)
+        rows, stats = speculative_generate(target, drafter, prompts, gamma=4, max_new_tokens=60)
+        assert rows == references
+        return stats.alpha, stats.judged
+
+    alpha, judged = measured(0.6)
+    assert judged >= 800, f"only {judged} judged positions: the check needs more"
+    tolerance = 4 * math.sqrt(0.6 * 0.4 / judged)  # each judged position is one Bernoulli(0.6) coin: about 0.065
+    assert abs(alpha - 0.6) < tolerance, (alpha, judged)
+    wrong, _ = measured(0.6**0.5)  # coins compared with sqrt(alpha), 0.77: the check must see it
+    assert abs(wrong - 0.6) > tolerance, wrong
 
 
 def test_batch_drafters_refuse_bad_settings_with_a_value_error(target, drafts):

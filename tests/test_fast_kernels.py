@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
+import platform
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -306,3 +310,16 @@ def test_large_scores_do_not_overflow(fast_kernels):
     assert torch.isfinite(y).all()
     expected = attention_reference(q, cache_k, cache_v, starts, torch.ones(T, T, dtype=torch.bool).tril())
     assert (y - expected).abs().max().item() <= 1e-4  # float32 scores of ~1000 carry errors of ~1e-4 themselves
+
+
+def test_the_kernels_are_not_skipped_where_this_machine_can_run_them():
+    # The fast_kernels fixture skips on gpt2/fast/build.py's own word. Where Linux lists AVX2 and FMA for an x86-64
+    # CPU and a C compiler is on PATH, that word must be yes, or every fast-path test would skip unseen.
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()
+                      if line.startswith("flags")), [])) if cpuinfo.is_file() else set()
+    if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma"} <= flags:
+        pytest.skip("not an x86-64 CPU with AVX2 and FMA under Linux: the kernels cannot run here")
+    if shutil.which(os.environ.get("CC", "").split()[0] if os.environ.get("CC", "").strip() else "cc") is None:
+        pytest.skip("no C compiler on PATH")
+    assert build.cpu_unsupported() is None and build.compiler() is not None

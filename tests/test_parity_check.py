@@ -44,6 +44,7 @@ EOS = 100  # end-of-text of the SMALL vocabulary
 PROMPT = torch.tensor([[5, 17, 42, 8, 99, 23]])  # (1, T), T = 6
 T = PROMPT.size(1)
 SETTINGS = ParitySettings(gamma=3, max_new_tokens=12, eos_id=EOS)
+CLOSED = "http://127.0.0.1:9"  # a proxy nothing listens on: a subprocess's download attempts fail at once
 
 
 class EditedTarget(GPT2):
@@ -267,6 +268,7 @@ def test_a_reader_that_stops_early_or_cannot_encode_the_report_is_no_bug_and_no_
     # `| head -1` closes the pipe before the report comes: not exit code 1, which says a BUG was found.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "cp1252" if stdout == "cp1252" else "utf-8"}
     env.pop("PYTHONUNBUFFERED", None)  # a pipe's stdout is buffered: the report is written as the run ends
+    env.update(HTTPS_PROXY=CLOSED, HTTP_PROXY=CLOSED, NO_PROXY="")  # without ../shared, no tokenizer download
     process = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.parity_check", "--tiny", "--dtypes", "float32", "--prompts", "1",
          "--max-gen", "4", "--out", str(tmp_path)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
