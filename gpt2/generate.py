@@ -17,6 +17,7 @@ beside a long one computes little padding.
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections.abc import Sequence
 
@@ -203,10 +204,21 @@ def check_model(model, role: str = "model") -> None:
         )
 
 
-def check_callback(fn, name: str) -> None:
-    """Raises ValueError unless `fn` is None or can be called (a callback such as on_step)."""
+def check_callback(fn, name: str, call: str | None = None) -> None:
+    """Raises ValueError unless `fn` is None or can be called (a callback such as on_step), with the arguments
+    `call` names (e.g. "on_step(tokens, num_accepted)") where its signature can be read."""
     if fn is not None and not callable(fn):
         raise ValueError(f"{name} must be a function (or None), got {type(fn).__name__}")
+    if fn is None or call is None:
+        return
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without one: its call is its own business
+        return
+    try:
+        signature.bind(*call.partition("(")[2].rstrip(")").split(", "))
+    except TypeError:
+        raise ValueError(f"{name} is called as {call}, but it takes {signature}: give it those arguments") from None
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

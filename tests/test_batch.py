@@ -22,7 +22,7 @@ from gpt2.generate import PASS_POSITIONS, length_groups
 from gpt2.sampling import SamplingConfig
 from spec_decoding import BatchStats, HeuristicGamma, ModelDrafter, NgramDrafter, SimulatedBatchDrafter, SpecStats
 from spec_decoding import BatchDrafter, speculative_generate
-from helpers import PERTURBATION, perturbed_copy, three_drafts, tiny_gpt2
+from helpers import PERTURBATION, ForwardRecorder, perturbed_copy, three_drafts, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -523,6 +523,11 @@ def test_bad_batch_settings_raise_a_value_error(target, drafts):
             speculative_generate(bad_target, target, [[1], [2]], **kwargs)
     with pytest.raises(ValueError, match="on_step must be a function"):
         speculative_generate(target, target, [[1], [2]], on_step=5, **kwargs)
+    with ForwardRecorder(target) as rec, pytest.raises(  # a batch names the row: a TypeError after its first step
+            ValueError, match=r"on_step is called as on_step\(row, tokens, num_accepted\), but it takes \(tokens, n\)"):
+        speculative_generate(target, target, [[1], [2]], on_step=lambda tokens, n: None, **kwargs)
+    assert rec.calls == []
+    speculative_generate(target, target, [[1], [2]], on_step=lambda *args: None, **kwargs)  # *args: taken
     with pytest.raises(ValueError, match="gamma must be an integer >= 1, got 'abc'"):
         speculative_generate(target, target, [[1], [2]], gamma="abc", max_new_tokens=4)
     with pytest.raises(ValueError, match="p_min stops a chain of one prompt; a batch drafts every row alike"):

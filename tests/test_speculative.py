@@ -432,6 +432,9 @@ BAD_CALLS = {
     "stats of another gamma": ({"stats": SpecStats(2)}, r"stats must be a fresh SpecStats\(3\)"),
     "temperature past float": ({"temperature": 2**1024}, "temperature must be a number >= 0"),
     "on_step not a function": ({"on_step": "print"}, "on_step must be a function \\(or None\\), got str"),
+    "on_step of a batch's arguments": ({"on_step": lambda row, tokens, n: None},
+                                       r"on_step is called as on_step\(tokens, num_accepted\), but it takes "
+                                       r"\(row, tokens, n\): give it those arguments"),
 }
 
 
