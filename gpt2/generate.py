@@ -204,21 +204,22 @@ def check_model(model, role: str = "model") -> None:
         )
 
 
-def check_callback(fn, name: str, call: str | None = None) -> None:
-    """Raises ValueError unless `fn` is None or can be called (a callback such as on_step), with the arguments
-    `call` names (e.g. "on_step(tokens, num_accepted)") where its signature can be read."""
+def check_callback(fn, name: str, arguments: tuple[str, ...] | None = None) -> None:
+    """Raises ValueError unless `fn` is None or can be called (a callback such as on_step), with the positional
+    `arguments` it will get (their names, e.g. ("tokens", "num_accepted")) where its signature can be read."""
     if fn is not None and not callable(fn):
         raise ValueError(f"{name} must be a function (or None), got {type(fn).__name__}")
-    if fn is None or call is None:
+    if fn is None or arguments is None:
         return
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin without one: its call is its own business
         return
     try:
-        signature.bind(*call.partition("(")[2].rstrip(")").split(", "))
+        signature.bind(*arguments)
     except TypeError:
-        raise ValueError(f"{name} is called as {call}, but it takes {signature}: give it those arguments") from None
+        raise ValueError(f"{name} is called as {name}({', '.join(arguments)}), but it takes {signature}: give it "
+                         "those arguments") from None
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

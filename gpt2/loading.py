@@ -176,7 +176,8 @@ def checkpoint_to_model_keys(state: dict[str, object], *, source: str) -> dict[s
     if wte is None and head is not None:
         out["wte.weight"] = head  # tied: the same matrix
     elif head is not None and not (head == wte if isinstance(head, tuple) else (  # NaNs in both: check_finite's
-            (head.shape, head.dtype) == (wte.shape, wte.dtype) and torch.equal(widened(head).nan_to_num(), widened(wte).nan_to_num()))):
+            (head.shape, head.dtype) == (wte.shape, wte.dtype)
+            and torch.equal(widened(head).nan_to_num(), widened(wte).nan_to_num()))):
         raise ValueError(f"{source} holds an lm_head.weight that is not its wte.weight: this hand-written GPT-2 "
                          "ties its output layer to the token embedding, as GPT-2 does; load a checkpoint whose "
                          "head is the embedding")
@@ -287,12 +288,12 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return bool(tensor.sum(dtype=torch.float32).isfinite()) or bool(torch.isfinite(widened(tensor)).all())
 
 
-def check_in_range(model: GPT2, path: Path, fix: str) -> None:
-    """Raises a ValueError, ending with `fix`, naming the first parameter that is not finite: one whose
-    checkpoint values were finite but lie past the range of the model's dtype."""
+def check_in_range(model: GPT2, path: Path) -> None:
+    """Raises a ValueError naming the first parameter that is not finite: finite in the checkpoint (and in float32,
+    `check_finite`), past the range of the half-precision dtype the model was converted to."""
     for name, param in model.named_parameters():
         if not all_finite(param):
-            raise ValueError(f"tensor '{name}' in {path} holds values too large for {param.dtype}: {fix}")
+            raise ValueError(f"tensor '{name}' in {path} holds values too large for {param.dtype}: load it in float32")
 
 
 def check_finite(state: dict[str, torch.Tensor], *, source: str) -> None:
@@ -308,6 +309,9 @@ def check_finite(state: dict[str, torch.Tensor], *, source: str) -> None:
                 f"tensor '{name}' in {source} holds NaN or infinite values: the checkpoint is damaged, "
                 "download it again"
             )
+        if tensor.element_size() > 4 and not all_finite(tensor.float()):  # float64: the model computes in float32
+            raise ValueError(f"tensor '{name}' in {source} holds values too large for torch.float32: the checkpoint "
+                             "is damaged")
 
 
 def load_weights(model: GPT2, state: dict[str, torch.Tensor]) -> None:
@@ -370,10 +374,9 @@ def load_model(
     model = model.to_empty(device="cpu")
     load_weights(model, state)
     del state
-    check_in_range(model, path, "the checkpoint is damaged")  # a float64 file's values past float32's
     model = model.to(device=dev, dtype=dt).eval()
     if dt != torch.float32:
-        check_in_range(model, path, "load it in float32")
+        check_in_range(model, path)
     int8 = quantization == "int8"
     if accelerate and dev.type == "cpu" and dt == torch.float32:
         accelerate_model(model, int8=int8)  # packs the kernels' weight copies now, not at the first pass

@@ -151,7 +151,7 @@ def batch_speculative_generate(
         ValueError: bad settings, or a bad prompt (the message names the row).
     """
     check_model(target, "target")
-    check_callback(on_step, "on_step", "on_step(row, tokens, num_accepted)")  # a batch names the row
+    check_callback(on_step, "on_step", ("row", "tokens", "num_accepted"))  # a batch names the row
     sampling = SamplingConfig(temperature, top_k, top_p)
     gamma = check_draft_length(gamma, "gamma", target.config.n_ctx)  # tokens drafted per step
     max_new_tokens = check_max_new_tokens(max_new_tokens)

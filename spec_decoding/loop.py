@@ -131,7 +131,7 @@ def speculative_generate(
     sampling = SamplingConfig(temperature, top_k, top_p)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_model(target, "target")
-    check_callback(on_step, "on_step", "on_step(tokens, num_accepted)")
+    check_callback(on_step, "on_step", ("tokens", "num_accepted"))
     if isinstance(draft, GPT2):
         draft = ModelDrafter(draft)
     if not isinstance(draft, Drafter):

@@ -77,8 +77,8 @@ def tree_speculative_generate(
     sampling = SamplingConfig(temperature, top_k, top_p)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_model(target, "target")
-    check_callback(on_step, "on_step", "on_step(tokens, num_accepted)")
-    check_callback(on_tree, "on_tree", "on_tree(tree, verdict)")
+    check_callback(on_step, "on_step", ("tokens", "num_accepted"))
+    check_callback(on_tree, "on_tree", ("tree", "verdict"))
     if isinstance(draft, (GPT2, ModelDrafter)):
         draft = TreeDrafter(draft)  # refuses a chain drafter of its own kind, or with p_min
     if not isinstance(draft, TreeDrafter):
