@@ -61,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.passes < 1 or args.repeats < 1:
         raise ValueError("--passes and --repeats must be >= 1")
     spinners = Spinners(args.busy)  # checks --busy
-    model = random_model(shape("tiny" if args.tiny else "gpt2-large"), seed=0, accelerate=False)
+    model = random_model(shape("tiny" if args.tiny else "gpt2-large"), seed=0)
+    path = fast.status(model)
+    if not path.startswith("fast path:"):  # both settings would time the same readable path
+        raise ValueError(f"busy_settled times the fast path's thread chooser, and the fast path does not run here: "
+                         f"{path}")
     names = ("chooser", "fixed")
     results = {name: [] for name in names}
     with torch.inference_mode(), spinners.running(args.busy > 0):
@@ -71,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[name].append(measure(model, args.passes))
                 print(f"round {r + 1}/{args.repeats}: {name}", file=sys.stderr, flush=True)
     print(f"{'tiny' if args.tiny else 'gpt2-large'}, {args.busy} busy core(s) of {torch.get_num_threads()} threads, "
-          f"{args.passes} passes of each kind, medians over {args.repeats} round(s):")
+          f"{args.passes} passes of each kind, medians over {args.repeats} round(s), on the fast path "
+          "(gpt2/fast):")
     for name, rounds in results.items():
         m = {key: statistics.median(x[key] for x in rounds) for key in rounds[0]}
         print(f"{name:>7}: step {1e3 * m['step']:.1f} ms, t_v(5) {1e3 * m['verify5']:.1f} ms, "

@@ -245,7 +245,7 @@ def expected_table(args, costs: dict[str, StepCosts]) -> tuple[str, dict]:
         report[f"{draft_name} alpha {alpha}"] = {**speedups, "same run: auto / best": same_run}
         spread = (f"{statistics.median(same_run):.3f} [{same_run[len(same_run) // 10]:.3f}]; "
                   f"{sum(r < 0.95 for r in same_run) / len(same_run):.0%}" if same_run else "n/a")
-        rows.append([draft_name, f"{alpha:.1f}", best.removeprefix("fixed "), f"{fixed[best]:.2f}x",
+        rows.append([draft_name, f"{alpha:g}", best.removeprefix("fixed "), f"{fixed[best]:.2f}x",
                      f"{speedups['auto']:.2f}x", f"{speedups['auto'] / fixed[best]:.3f}",
                      f"{speedups['heuristic']:.2f}x", f"{speedups['heuristic'] / fixed[best]:.3f}", spread])
     table = markdown_table(["draft", "sim. α", "best fixed γ", "its speedup", "auto", "auto / best", "+2/-1",
@@ -282,7 +282,7 @@ def simulated_table(results: dict) -> str:
         modelled = {name: statistics.median(r["modelled"]) for name, r in runs.items() if name != "plain"}
         best_modelled = max((name for name in modelled if name.startswith("fixed")), key=modelled.get)
         rows.append([
-            case["draft"], f"{case['alpha']:.1f}", f"{statistics.median(runs['plain']['seconds']):.2f}",
+            case["draft"], f"{case['alpha']:g}", f"{statistics.median(runs['plain']['seconds']):.2f}",
             f"{auto['speedup']:.2f}x", gamma_summary(auto), f"{auto['alpha']:.2f}",
             f"{best.removeprefix('fixed ')}", f"{fixed[best]:.2f}x", f"{auto['speedup'] / fixed[best]:.3f}",
             "n/a" if held_out is None else f"{auto['speedup'] / held_out:.3f}", f"{heuristic['speedup']:.2f}x",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 from statistics import median
 
@@ -306,7 +307,8 @@ def fmt(x: float | None, digits: int = 2) -> str:
 
 
 def report(payload: dict, env: dict, args: argparse.Namespace) -> str:
-    costs, lines = payload["costs"], ["# Token trees against chains", "", *environment_lines(env), ""]
+    costs, lines = payload["costs"], ["# Token trees against chains", "", *environment_lines(env),
+                                      f"- command: `{env['command']}`", ""]
     draft = args.draft + (" (int8 weights)" if args.draft_quantize == "int8" else "")
     lines += [f"- target {args.target}, draft {draft}, random weights; prompt {args.prefix} tokens, "
               f"{args.new_tokens} new tokens; medians of {args.repeats} repeats, each running plain decoding and "
@@ -401,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     target = random_model(shape(args.target), device=CPU, dtype=torch.float32, seed=0)
     draft = random_model(shape(args.draft), device=CPU, dtype=torch.float32, seed=1, quantize=args.draft_quantize)
     prompt = torch.randint(0, target.config.vocab_size, (1, args.prefix), generator=torch.Generator().manual_seed(0))
-    env = environment(CPU, torch.float32, {"target": args.target, "draft": args.draft}, fast.status(target))
+    env = environment(CPU, torch.float32, {"target": args.target, "draft": args.draft}, fast.status(target),
+                      "draft int8" if args.draft_quantize == "int8" else None)
+    env["command"] = "python -m benchmarks.tree_speed " + shlex.join(sys.argv[1:] if argv is None else argv)
 
     with torch.inference_mode():
         say("costs ...")

@@ -21,13 +21,13 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path, prompt_tokenizer):  # the prompts need it
     out = tmp_path / "drafting"
-    args = ["--tiny", "--parts", "simulated", "--alphas", "0.8", "--gammas", "2", "3", "--repeats", "2",
+    args = ["--tiny", "--parts", "simulated", "--alphas", "0.85", "--gammas", "2", "3", "--repeats", "2",
             "--max-gen", "8", "--model-seeds", "20", "--out", str(out)]
     assert run_cli(main, args) == 0
     report = (out / "drafting.md").read_text(encoding="utf-8")
     assert "## auto against fixed γ and +2/-1 (simulated α)" in report
-    assert "| float32 | 0.8 |" in report and "| int8 | 0.8 |" in report
-    runs = json.loads((out / "drafting.json").read_text(encoding="utf-8"))["simulated"]["float32 alpha 0.8"]["runs"]
+    assert "| float32 | 0.85 |" in report and "| int8 | 0.8 |" in report  # α as given, not rounded to 0.8
+    runs = json.loads((out / "drafting.json").read_text(encoding="utf-8"))["simulated"]["float32 alpha 0.85"]["runs"]
     assert set(runs) == {"fixed 2", "fixed 3", "auto", "heuristic", "plain"}
     assert all(len(runs[name]["ratios"]) == 2 for name in ("fixed 2", "fixed 3", "auto", "heuristic"))
     assert all(len(runs[name]["modelled"]) == 2 for name in ("fixed 2", "fixed 3", "auto", "heuristic"))

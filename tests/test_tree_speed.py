@@ -6,6 +6,7 @@ with exit 2. Speed itself is never asserted here."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -45,6 +46,9 @@ def test_a_short_run_writes_the_report(tmp_path):
     assert set(result["ceilings"]["weak"]) == {"measured costs", "verification free (r_k = 1)",
                                                 "draft passes 2.5x cheaper", "both"}
     assert "What the costs of width allow (predicted):" in report and "draft tiny-draft (int8 weights)" in report
+    # The header says the draft is int8 and how to run it again; the float32 target's path is the forward pass.
+    assert result["environment"]["quantize"] == "draft int8" and "draft int8 weights (gpt2/fast/quantize.py)" in report
+    assert f"- command: `python -m benchmarks.tree_speed {shlex.join(args)}`" in report
     assert set(result["noisy"]["greedy"]) == {"chain gamma 1", "chain gamma 2", "tree 2", "tree 2,1",
                                               "tree nodes 3 depth 2"}
 
