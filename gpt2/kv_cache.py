@@ -55,7 +55,7 @@ class KVCache:
         allocate = torch.empty if batch_size == 1 else torch.zeros
         self.k = allocate(shape, device=device, dtype=dtype)  # (L, B, nh, S, hs)
         self.v = allocate(shape, device=device, dtype=dtype)  # (L, B, nh, S, hs)
-        self.lengths = torch.zeros(batch_size, dtype=torch.int64)  # (B,)
+        self.lengths = torch.zeros(batch_size, dtype=torch.int64, device="cpu")  # (B,), whatever the default device
         self.capacity = capacity
 
     @staticmethod

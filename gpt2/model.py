@@ -176,7 +176,7 @@ class GPT2(nn.Module):
             seen = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()  # (T, T): causal
         else:
             seen = mask.to(input_ids.device)
-        lengths = torch.zeros(B, dtype=torch.int64) if cache is None else cache.lengths  # (B,)
+        lengths = torch.zeros(B, dtype=torch.int64, device="cpu") if cache is None else cache.lengths  # (B,)
         window_cached = seen.size(1) - T  # cached positions inside the mask's window
 
         depth = seen.sum(dim=1) - 1  # (T,): how many earlier window tokens each one sees

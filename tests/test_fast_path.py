@@ -624,15 +624,65 @@ def test_the_build_is_cached_by_its_recipe(fast_kernels, tmp_path, monkeypatch):
 
 def test_avx512_builds_its_own_library_and_avx2_cpus_never_get_it(monkeypatch):
     """The AVX-512 flags (512-bit tiles in linear.c) go only to a CPU PyTorch
-    counts as AVX512, and they are part of the library's name: a kernel cache
+    counts as AVX512 and whose own flags have AVX-512, and they are part of the library's name: a kernel cache
     shared with an AVX2-only machine cannot hand it the AVX-512 build."""
     paths = {}
+    avx512_cpu = frozenset({"avx2", "fma", "avx512f", "avx512vl"})
     for capability in ("AVX2", "AVX512"):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        monkeypatch.setattr(build, "cpu_flags", lambda: avx512_cpu)
         assert (set(build.AVX512_FLAGS) <= set(build.flags())) == (capability == "AVX512")
         assert set(build.FLAGS) <= set(build.flags())
         paths[capability] = build.library_path(["cc"])
     assert paths["AVX2"] != paths["AVX512"]
+    # ATEN_CPU_CAPABILITY=avx512 makes PyTorch report AVX512 on any CPU: the CPU's own flags decide.
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert not set(build.AVX512_FLAGS) & set(build.flags()) and build.cpu_unsupported() is None
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"sse4_2"}))
+    assert "lack" in build.cpu_unsupported()
+
+
+def test_a_capability_forced_past_the_cpu_builds_kernels_the_cpu_runs(fast_kernels, tmp_path):
+    # With ATEN_CPU_CAPABILITY=avx512 on an AVX2-only CPU, the AVX-512 build died of an illegal instruction.
+    done = run_python(ACCELERATED, tmp_path, ATEN_CPU_CAPABILITY="avx512", GPT2_KERNEL_CACHE=str(build.cache_dir()))
+    assert done.returncode == 0 and "fast path" in done.stdout, (done.returncode, done.stderr[-1500:])
+
+
+ODD_INPUTS = """
+import torch
+from gpt2 import GPT2, GPT2Config, fast, init_random_weights
+model = GPT2(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50, n_ctx=16)).eval()
+init_random_weights(model, std=0.2, generator=torch.Generator().manual_seed(0))
+x = torch.randint(50, (1, 9), generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    readable = model(x)
+    {change}
+    fast.accelerate(model)
+    with {context}:
+        quick = model(x, model.new_cache(1))
+print(fast.status(model).split(":")[0], float((quick - readable).abs().max()))
+"""
+
+
+@pytest.mark.parametrize("change, context, path", [
+    # torch.set_default_device("cuda") for a GPU target beside a CPU draft: the kernels' buffers and a cache's
+    # lengths went to the default device, and the kernels got a device (here: meta, 0) pointer: SIGSEGV.
+    ("pass", 'torch.device("meta")', "fast path"),
+    # A tensor subclass wrapping its data (a quantised weight) has no storage: its data pointer is 0. As c_fc's
+    # weight: SIGSEGV; as ln_1's: the kernels took it for "no layer norm", logits off by 0.3.
+    ("model.h[0].mlp.c_fc.weight = torch.nn.Parameter(TwoTensor(*[model.h[0].mlp.c_fc.weight.clone()] * 2))",
+     "torch.no_grad()", "readable path"),
+    ("model.h[0].ln_1.weight = torch.nn.Parameter(TwoTensor(*[model.h[0].ln_1.weight.clone()] * 2))",
+     "torch.no_grad()", "readable path"),
+])
+def test_a_default_device_and_wrapped_parameters_leave_the_results_alone(fast_kernels, tmp_path, change, context,
+                                                                         path):
+    code = "from torch.testing._internal.two_tensor import TwoTensor\n" + ODD_INPUTS.format(change=change,
+                                                                                             context=context)
+    done = run_python(code, tmp_path, GPT2_KERNEL_CACHE=str(build.cache_dir()))  # the kernels built already
+    assert done.returncode == 0, (done.returncode, done.stderr[-1500:])
+    status, error = done.stdout.rsplit(" ", 1)
+    assert status.startswith(path) and float(error) < (ATOL if path == "fast path" else 1e-12), done.stdout
 
 
 RECORDED = """
@@ -704,7 +754,7 @@ def test_status_says_readable_when_the_parameters_send_every_pass_there(fast_ker
              for k, v in model.state_dict().items()}
     model.load_state_dict(views, assign=True)
     assert fast.status(model) == ("readable path (F.linear + SDPA, the Block modules): a parameter is not a "
-                                  "contiguous CPU float32 tensor")
+                                  "plain contiguous CPU float32 tensor")
     model = fast.accelerate(new_model(seed=13))
     with torch.inference_mode():
         model.load_state_dict(new_model(seed=14).state_dict(), assign=True)

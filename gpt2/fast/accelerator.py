@@ -115,7 +115,10 @@ def packed_copy(w: torch.Tensor, int8: bool) -> PackedWeight:
 
 
 def kernel_readable(tensor: torch.Tensor) -> bool:
-    return tensor.is_cpu and tensor.dtype == torch.float32 and tensor.is_contiguous()
+    """A tensor whose data pointer the kernels can read: CPU float32, contiguous, and a plain tensor. A subclass
+    may have no storage of its own (a wrapper such as a quantised weight: its data pointer is 0)."""
+    plain = type(tensor) in (torch.Tensor, nn.Parameter)
+    return plain and tensor.is_cpu and tensor.dtype == torch.float32 and tensor.is_contiguous()
 
 
 def cache_readable(buffer: torch.Tensor) -> bool:
@@ -265,6 +268,7 @@ class FastGPT2:
             return False  # forward-mode AD: a tangent on the input or on any parameter
         if cache is not None and not (
             cache_readable(cache.k) and cache_readable(cache.v) and cache.k.stride() == cache.v.stride()
+            and cache.lengths.is_cpu
         ):
             return False
         B, T, C = x.shape
@@ -283,7 +287,7 @@ class FastGPT2:
         if any(t is None or t.is_inference() for t in tensors):
             return "a parameter is missing or was made under torch.inference_mode() (accelerate again)"
         if not all(map(kernel_readable, tensors)):
-            return "a parameter is not a contiguous CPU float32 tensor"
+            return "a parameter is not a plain contiguous CPU float32 tensor"
         if [t.shape for t in tensors] != self.shapes or any(w.size(1) % 8 for w in tensors[-1:]):
             return "a module or weight of another size than the config's was put in"
         return None
@@ -296,7 +300,7 @@ class FastGPT2:
     ) -> None:
         """x (B, T, C) <- every block applied; the new keys and values into `cache` at `starts`."""
         B, T, C = x.shape
-        scratch = torch.empty(9 * B * T * C, dtype=torch.float32)  # qkv (3C), y (C), x2 (C), h (4C) per row
+        scratch = torch.empty(9 * B * T * C, dtype=torch.float32, device="cpu")  # qkv (3C), y, x2 (C), h (4C) a row
         k, v = cache.k, cache.v  # (L, B, nh, S, hs) x 2
         starts = starts.to(torch.int64).contiguous()  # (B,)
         mask = None if mask is None else mask.contiguous()  # (T, W) bytes, rows of W
@@ -314,7 +318,7 @@ class FastGPT2:
         packed = self.packed["wte.weight"]
         data, scale = packed.pointers
         V = model.config.vocab_size
-        logits = torch.empty(B * T, V, dtype=torch.float32)  # (N, V), every element written by the kernel
+        logits = torch.empty(B * T, V, dtype=torch.float32, device="cpu")  # (N, V), every element written by the kernel
         ln_f = model.ln_f
         self.kernels.linear(
             x.data_ptr(), data, scale, None, logits.data_ptr(), B * T, C, V,

@@ -43,9 +43,10 @@ HEADERS = (CSRC / "vector_math.h",)  # included by the sources: part of the reci
 # sees fit, and it saw fit differently in different inlined copies of one line: a row's bits then
 # depended on its tile (an int8 output's `scale * sum + bias`).
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
-# Where the CPU has AVX-512 (as PyTorch counts it: F, BW, VL, DQ), the kernels may also use its 32 vector
-# registers and 512-bit multiply-adds (linear.c, from 6 rows). The flags are part of the library's name, so a cache
-# shared with an AVX2-only machine never hands it this build.
+# Where the CPU has AVX-512 (as PyTorch counts it: F, BW, VL, DQ, and as the CPU's own flags say, since
+# ATEN_CPU_CAPABILITY changes only what PyTorch reports), the kernels may also use its 32 vector registers and
+# 512-bit multiply-adds (linear.c, from 6 rows). The flags are part of the library's name, so a cache shared with an
+# AVX2-only machine never hands it this build.
 AVX512_FLAGS = ("-mavx512f", "-mavx512vl")
 LIBRARIES = ("-lm",)
 COMPILE_TIMEOUT_S = 120
@@ -68,7 +69,26 @@ def cpu_unsupported() -> str | None:
     capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
     if capability not in ("AVX2", "AVX512"):
         return f"the C kernels need AVX2 and FMA (PyTorch reports CPU capability {capability})"
+    if not cpu_has("avx2", "fma"):
+        return "the C kernels need AVX2 and FMA, which this CPU's flags (/proc/cpuinfo) lack"
     return None
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags as Linux lists them in /proc/cpuinfo; None where that cannot be read."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next((frozenset(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), None)
+
+
+def cpu_has(*features: str) -> bool:
+    """Whether the CPU's own flags include every one of `features`; True where its flags cannot be read (PyTorch's
+    capability then decides alone)."""
+    flags = cpu_flags()
+    return flags is None or set(features) <= flags
 
 
 def compiler() -> list[str] | None:
@@ -89,7 +109,8 @@ def compiler_name() -> str:
 
 def flags() -> tuple[str, ...]:
     """The compiler flags for this CPU: FLAGS, and AVX512_FLAGS where it has AVX-512."""
-    return FLAGS + (AVX512_FLAGS if torch.backends.cpu.get_cpu_capability() == "AVX512" else ())
+    avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512" and cpu_has("avx512f", "avx512vl")
+    return FLAGS + (AVX512_FLAGS if avx512 else ())
 
 
 def library_path(cc: list[str]) -> Path:
