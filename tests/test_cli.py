@@ -713,6 +713,20 @@ def test_compare_report_names_a_long_prefill_when_the_speedups_disagree(folders,
     assert "0.15 s of the run's 0.20 s went outside its steps, mostly the prompt's prefill in both models" in out
 
 
+@pytest.mark.parametrize("speedup, predicted, outside", [
+    (1.65, 0.94, 0.06),  # measured above predicted: leaving the prefill out would only widen the gap
+    (0.5, 2.0, 0.05),  # below, but 0.05 s of 0.20 s lifts 0.5x to 0.67x only: far from 2.0x still
+])
+def test_compare_report_blames_the_prefill_only_where_it_can_close_the_gap(folders, capsys, speedup, predicted,
+                                                                           outside):
+    enc = load_tokenizer(folders["target"])
+    tokens = enc.encode(" the cat sat")
+    print_comparison(comparison_of(tokens, tokens, speedup=speedup, predicted=predicted, agree=False,
+                                   outside=outside), tokens, enc)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "went outside its steps" not in out and "the machine's load changed between the two runs" in out
+
+
 # ---------------------------------------------------------------------------
 # Bad input: exit code 2, one line, no traceback
 # ---------------------------------------------------------------------------
