@@ -28,7 +28,7 @@ from gpt2.model import GPT2
 
 from .costs import StepCosts, calibrate
 from .drafters import Drafter
-from .stats import expected_tokens_per_step
+from .stats import check_number, expected_tokens_per_step
 
 DEFAULT_MAX_GAMMA = 12  # the largest K of the adaptive schedules
 
@@ -102,7 +102,15 @@ def fastest(rate: Callable[[int], float], max_gamma: int) -> int:
 
 
 def best_gamma(alpha: float, costs: StepCosts, max_gamma: int) -> int:
-    """The K of the highest `expected_rate` at a known α."""
+    """The K of the highest `expected_rate` at a known α, K = 0 .. max_gamma. A ValueError unless α lies in
+    [0, 1], `costs` is StepCosts and max_gamma an integer below costs.max_tokens (a cost for every pass)."""
+    if not isinstance(costs, StepCosts):
+        raise ValueError(f"costs must be StepCosts (spec_decoding.costs), got {type(costs).__name__}")
+    max_gamma = check_integer(max_gamma, "max_gamma", 0)
+    if max_gamma >= costs.max_tokens:
+        raise ValueError(f"max_gamma {max_gamma} needs the cost of a pass over {max_gamma + 1} tokens; the costs "
+                         f"go up to passes of {costs.max_tokens}: give max_gamma <= {costs.max_tokens - 1}")
+    alpha = check_number(alpha, "alpha (an acceptance rate)", 0.0, 1.0)
     return fastest(lambda K: expected_rate(alpha, K, costs), max_gamma)
 
 

@@ -15,6 +15,7 @@ verification pass that costs t_v(γ + 1) instead of one target step.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -23,9 +24,28 @@ import torch
 from gpt2.generate import check_integer
 
 
+def check_number(value, name: str, low: float, high: float = math.inf, *, low_open: bool = False) -> float:
+    """`value` as a float, or a ValueError naming `name` unless it is a number in [low, high] ((low, high] if
+    `low_open`); NaN never is."""
+    number = None
+    if not isinstance(value, (str, bytes, bool)):
+        try:
+            number = float(value)  # int, float, numpy and 0-d tensor numbers
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    if number is None or not (low < number if low_open else low <= number) or not number <= high:
+        bound = "(" if low_open else "["
+        where = f"in {bound}{low:g}, {high:g}]" if high < math.inf else f"{'>' if low_open else '>='} {low:g}"
+        raise ValueError(f"{name} must be a number {where}, got {value!r}")
+    return number
+
+
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
     """E = (1 - α^(γ+1)) / (1 - α): the mean number of tokens one target call
-    emits (Leviathan et al. 2023, eq. 1); γ + 1 at α = 1."""
+    emits (Leviathan et al. 2023, eq. 1); γ + 1 at α = 1. A ValueError unless
+    α lies in [0, 1] and γ is an integer >= 0."""
+    alpha = check_number(alpha, "alpha (an acceptance rate)", 0.0, 1.0)
+    gamma = check_integer(gamma, "gamma (tokens drafted per step)", 0)
     if alpha >= 1.0:
         return float(gamma + 1)
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
@@ -35,7 +55,7 @@ def improvement_factor(alpha: float, gamma: int, c: float) -> float:
     """(1 - α^(γ+1)) / ((1 - α)(γ c + 1)): the expected speedup in wall time
     (Leviathan et al. 2023, Theorem 3.8), with c = t_d / t_t and a
     verification pass that costs one target step."""
-    return expected_tokens_per_step(alpha, gamma) / (gamma * c + 1.0)
+    return expected_tokens_per_step(alpha, gamma) / (gamma * check_number(c, "c = t_d / t_t", 0.0) + 1.0)
 
 
 def predicted_speedup(alpha: float, gamma: int, t_draft: float, t_target: float, t_verify: float) -> float:
@@ -48,8 +68,16 @@ def predicted_speedup(alpha: float, gamma: int, t_draft: float, t_target: float,
         gamma: tokens drafted per step, >= 1.
         t_draft, t_target, t_verify: seconds of one draft step, one target step
             and one target pass over gamma + 1 tokens.
+
+    Raises:
+        ValueError: α outside [0, 1], γ not an integer >= 0, t_draft < 0, or
+            a target time that is not > 0 (NaN and infinities too).
     """
-    return expected_tokens_per_step(alpha, gamma) * t_target / (gamma * t_draft + t_verify)
+    E = expected_tokens_per_step(alpha, gamma)
+    t_draft = check_number(t_draft, "t_draft", 0.0, math.inf)
+    t_target, t_verify = (check_number(t, name, 0.0, math.inf, low_open=True)
+                          for t, name in ((t_target, "t_target"), (t_verify, "t_verify")))
+    return E * t_target / (gamma * t_draft + t_verify)
 
 
 @dataclass
@@ -241,6 +269,7 @@ class BatchStats:
     verify_seconds: float = 0.0
 
     def __post_init__(self) -> None:
+        self.num_rows = check_integer(self.num_rows, "BatchStats' num_rows (the prompts in the batch)", 1)
         if not self.rows:
             self.rows = [SpecStats(self.gamma) for _ in range(self.num_rows)]
 

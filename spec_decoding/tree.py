@@ -16,6 +16,7 @@ The target scores every node in one pass: node i sits at position
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,7 +38,15 @@ class TokenTree:
     parents: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        """Raises a ValueError unless there is a root and one parent per node, each before its node."""
+        """Takes the ids and indices as Python ints (a 0-d tensor hashes by identity: two equal siblings would look
+        distinct). Raises a ValueError unless they are integers, with a root and one parent per node, each before
+        its node."""
+        try:  # operator.index: ints, numpy and 0-d tensor integers; not floats
+            object.__setattr__(self, "tokens", tuple(map(operator.index, self.tokens)))
+            object.__setattr__(self, "parents", tuple(map(operator.index, self.parents)))
+        except TypeError:
+            raise ValueError(f"a tree's tokens and parents must be integers, got {self.tokens!r} and "
+                             f"{self.parents!r}") from None
         if not len(self.tokens) == len(self.parents) >= 1:
             raise ValueError(f"a tree has a root and one parent per node: {len(self.tokens)} tokens, "
                              f"{len(self.parents)} parents")

@@ -21,7 +21,8 @@ import torch
 import spec_decoding.costs
 from gpt2 import GPT2Config
 from spec_decoding import AutoGamma, FixedGamma, HeuristicGamma, SimulatedDrafter, SpecStats, StepCosts, TreeShape
-from spec_decoding import best_gamma, calibrate
+from spec_decoding import BatchStats, best_gamma, calibrate, expected_tokens_per_step, improvement_factor
+from spec_decoding import predicted_speedup
 from spec_decoding.batch_drafters import SimulatedBatchDrafter
 from spec_decoding.costs import non_decreasing, relative_medians
 from spec_decoding.drafters import ModelDrafter, NgramDrafter
@@ -419,6 +420,20 @@ HELPER_MISTAKES = {
                       "the simulated drafter's seed must be an integer"),
     "first_row -1": (lambda m: SimulatedBatchDrafter(m, [[1, 2]], 0.5, first_row=-1),
                      "first_row must be an integer >= 0, got -1"),
+    # An AssertionError, a meaningless ValueError, an AttributeError, a TypeError, a K of 0 for NaN:
+    "best_gamma past its costs": (lambda m: best_gamma(0.5, StepCosts(0.1, (1.0, 1.1)), 5),
+                                  "max_gamma 5 needs the cost of a pass over 6 tokens; .* give max_gamma <= 1"),
+    "best_gamma of -1": (lambda m: best_gamma(0.5, StepCosts(0.1, (1.0, 1.1)), -1), "max_gamma must be an integer"),
+    "best_gamma of 1.5": (lambda m: best_gamma(0.5, StepCosts(0.1, (1.0, 1.1)), 1.5), "max_gamma must be an integer"),
+    "best_gamma without costs": (lambda m: best_gamma(0.5, None, 1), "costs must be StepCosts"),
+    "best_gamma at alpha NaN": (lambda m: best_gamma(float("nan"), StepCosts(0.1, (1.0, 1.1)), 1),
+                                r"alpha \(an acceptance rate\) must be a number in \[0, 1\], got nan"),
+    "BatchStats of 2.5 rows": (lambda m: BatchStats(2, 2.5), "BatchStats' num_rows .* must be an integer >= 1"),
+    "BatchStats of -1 rows": (lambda m: BatchStats(2, -1), "BatchStats' num_rows .* must be an integer >= 1"),
+    "eq. 1 at alpha 1.2": (lambda m: expected_tokens_per_step(1.2, 3), r"alpha .* must be a number in \[0, 1\]"),
+    "Theorem 3.8 of c as text": (lambda m: improvement_factor(0.5, 3, "0.1"), "c = t_d / t_t must be a number >= 0"),
+    "a verification that costs nothing": (lambda m: predicted_speedup(0.5, 0, 0.0, 1.0, 0.0),
+                                          "t_verify must be a number > 0, got 0.0"),
 }
 
 

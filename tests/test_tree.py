@@ -11,6 +11,7 @@ token's logits equal those of a fresh run over the committed sequence.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -72,6 +73,15 @@ def test_the_ancestor_mask():
 def test_a_chain_is_a_causal_mask():
     chain = TokenTree(tokens=(1, 2, 3, 4), parents=(-1, 0, 1, 2))
     assert torch.equal(chain.ancestor_mask(), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_a_tree_takes_its_ids_as_ints_and_refuses_other_numbers():
+    tree = TokenTree((torch.tensor(5), np.int64(7), 7), (-1, torch.tensor(0), 0))  # as torch and numpy draw them
+    assert tree.tokens == (5, 7, 7) and all(type(t) is int for t in (*tree.tokens, *tree.parents))
+    assert len(set(zip(tree.parents, tree.tokens))) == 2  # the repeated sibling is seen
+    for tokens, parents in (((5, 7), (-1, 0.0)), ((5, 7.5), (-1, 0)), ((5, torch.tensor([7, 8])), (-1, 0))):
+        with pytest.raises(ValueError, match="a tree's tokens and parents must be integers"):
+            TokenTree(tokens, parents)
 
 
 def test_a_tree_draws_itself_with_the_accepted_path_marked():
