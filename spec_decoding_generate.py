@@ -227,7 +227,7 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
         "draft_seconds": stats.draft_seconds,
         "verify_seconds": stats.verify_seconds,
     }
-    comparison = None
+    comparison, compare_interrupted = None, False  # Ctrl-C in the target-alone run: the speculative one is whole
     if args.compare and not interrupted:
         try:
             text_ids = torch.tensor([prompt_ids + stream.tokens], device=device)  # (1, prompt + new tokens)
@@ -236,7 +236,7 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
                 args, sampling, target, input_ids, tokenizer, stats, stream.tokens, timings, target_steps
             )
         except KeyboardInterrupt:
-            interrupted = True
+            compare_interrupted = True
 
     if args.json:
         result = {
@@ -268,8 +268,8 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
             drafts_in_full=args.draft != NGRAM_DRAFT and args.draft_p_min is None,
         )
         if args.compare:
-            report.print_comparison(comparison, stream.tokens, tokenizer)
-    return EXIT_INTERRUPTED if interrupted else EXIT_OK
+            report.print_comparison(comparison, stream.tokens, tokenizer, started=compare_interrupted)
+    return EXIT_INTERRUPTED if interrupted or compare_interrupted else EXIT_OK
 
 
 def settings_record(
@@ -627,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # --help and the text: a non-UTF-8 terminal shows '?', no crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
+    sys.stderr = Unfailing(sys.stderr)
     args = build_parser().parse_args(argv)
     try:
         sampling = check_settings(args)
@@ -654,6 +655,30 @@ def main(argv: list[str] | None = None) -> int:
         message = f"unexpected {type(e).__name__}: {one_line(e)} (run with --debug for the traceback)"
         print(f"error: {message}", file=sys.stderr)
         return EXIT_UNEXPECTED
+
+
+class Unfailing:
+    """stderr, whose progress lines and errors are dropped where they cannot be written (a full disk, a reader
+    that left, a descriptor only for reading): the run and its text on stdout go on. It failed with exit code 1
+    and no output, the error about the failed write failing in turn."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except (OSError, ValueError):  # ValueError: a closed file
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
 
 
 def one_line(e: BaseException) -> str:

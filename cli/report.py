@@ -234,11 +234,13 @@ def tree_drawer(tokenizer):
     return draw
 
 
-def print_comparison(comparison: dict | None, spec_tokens: list[int], tokenizer) -> None:
+def print_comparison(comparison: dict | None, spec_tokens: list[int], tokenizer, started: bool = False) -> None:
     """The target alone: its speed, the measured and predicted speedups, and
-    (greedy) whether both outputs are identical."""
+    (greedy) whether both outputs are identical. None: interrupted, after it
+    `started` or before."""
     if comparison is None:
-        print_rows([("target alone", "not run: interrupted (Ctrl-C)")])
+        print_rows([("target alone", "interrupted (Ctrl-C) before it finished" if started
+                     else "not run: interrupted (Ctrl-C)")])
         return
     i = comparison["first_difference"]
     baseline = comparison["baseline_token_ids"]

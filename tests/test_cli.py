@@ -664,6 +664,26 @@ def test_ctrl_c_prints_the_text_and_stats_so_far_with_exit_code_130(
         assert "target alone" in out and "speedup" not in out, "no baseline after Ctrl-C"
 
 
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_ctrl_c_in_the_target_alone_leaves_the_finished_run_finished(folders, capsys, monkeypatch, single_thread,
+                                                                    output):
+    # It read "new tokens 20 in 4 target calls, interrupted (Ctrl-C)" and "target alone: not run" after a whole run.
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "compare_with_target_alone", ctrl_c)
+    extra = ["--json"] if output == "json" else []
+    result = run_main(capsys, *local_models(folders), "--compare", "--max-gen", "8", *extra, "-p", "Hello world")
+    assert result.returncode == 130
+    if output == "json":
+        out = json.loads(result.stdout)
+        assert out["interrupted"] is False and len(out["token_ids"]) == 8 and out["comparison"] is None
+    else:
+        assert re.search(r"new tokens\s+8 in \d+ target calls, stopped at --max-gen", result.stdout), result.stdout
+        assert "[interrupted]" not in result.stdout
+        assert re.search(r"target alone\s+interrupted \(Ctrl-C\) before it finished", result.stdout), result.stdout
+
+
 def test_first_difference():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
@@ -834,6 +854,20 @@ def test_with_stderr_closed_nothing_meant_for_it_reaches_stdout(tmp_path):
     done = subprocess.run(["bash", "-c", command], cwd=REPO_ROOT, env=cli_env(tmp_path), capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == "", done.stdout
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, where every write fails")
+def test_a_stderr_that_cannot_be_written_leaves_the_run_and_its_text_alone(tmp_path, folders):
+    # Every stderr write failing (a full disk; 2>&- under a pyenv shim left fd 2 read-only): the first progress
+    # line raised, then the error about it did too: exit code 1 and nothing on stdout.
+    command = [sys.executable, str(SCRIPT), *ON_CPU, *local_models(folders), "--max-gen", "6", "-p", "Hello"]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(command, cwd=REPO_ROOT, env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=full,
+                              text=True, timeout=120)
+        bad = subprocess.run([*command, "--top-k", "-3"], cwd=REPO_ROOT, env=cli_env(tmp_path),
+                             stdout=subprocess.PIPE, stderr=full, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("draft ") and "new tokens" in done.stdout, done.stdout
+    assert bad.returncode == 2 and bad.stdout == ""
 
 
 def test_with_stdout_closed_it_stops_before_any_work(tmp_path, folders):
