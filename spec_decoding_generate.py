@@ -558,7 +558,7 @@ def compare_with_target_alone(
         "verify": stats.verify_seconds / stats.target_calls,  # t_v(γ + 1)
     }
     closed_form = (stats.tree is None and isinstance(args.gamma, int) and args.draft != NGRAM_DRAFT
-                   and args.draft_p_min is None)
+                   and args.draft_p_min is None and not stats.stopped_at_eos)  # end-of-text cuts a step short
     tokens = expected_tokens(stats) if closed_form else stats.tokens_per_target_call
     predicted = tokens * step_seconds["target"] * stats.target_calls / (stats.draft_seconds + stats.verify_seconds)
 

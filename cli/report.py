@@ -160,6 +160,8 @@ def print_stats(
     if stats.tree is None:
         rows.append(("γ per step", describe_gammas(stats, schedule)))
     expected = f"; {expected_tokens(stats):.2f} expected at this α, Leviathan et al. eq. 1" if drafts_in_full else ""
+    if stats.stopped_at_eos:  # its drafts after end-of-text are neither emitted nor judged
+        expected += "; end-of-text cut the last step short"
     if stats.drafted and stats.tree is not None:
         rows += tree_rows(stats)
     elif stats.drafted:
@@ -168,7 +170,7 @@ def print_stats(
             (
                 "accepted per drafted",
                 f"{stats.accepted_per_drafted:.3f} ({stats.accepted} of {stats.drafted}: drafts after a rejection "
-                "are never judged)",
+                f"{'or the end-of-text ' if stats.stopped_at_eos else ''}are never judged)",
             ),
             (
                 "tokens/target call",

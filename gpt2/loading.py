@@ -111,6 +111,12 @@ def reading_safetensors(path: Path) -> Iterator[None]:
         raise ValueError(f"{path} is a git-lfs pointer, not the weights (a `git clone` without git-lfs): run `git lfs "
                          "pull` in that folder, or pass the Hub repo id to download it")
     try:
+        str(path).encode("utf-8")  # safetensors takes a path as UTF-8 text only; its refusal read as a bad file
+    except UnicodeEncodeError:
+        raise ValueError(f"{path} has a path that is not valid UTF-8, which safetensors cannot open (the file is not "
+                         "at fault): rename the folders on its path, or move the model to a folder named in UTF-8"
+                         ) from None
+    try:
         yield
     except MemoryError:
         raise ValueError(f"not enough memory to read {path}: close other programs, or load a smaller model") from None

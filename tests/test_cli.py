@@ -33,10 +33,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import gpt2
 import spec_decoding_generate as cli
 from cli.report import print_comparison
 from cli.stream import ACCEPTED_STYLE, TARGET_STYLE, TokenStream
-from gpt2 import GPT2Config, load_tokenizer
+from gpt2 import GPT2Config, generate, load_model, load_tokenizer
 from gpt2.generate import first_difference
 from spec_decoding import expected_tokens_per_step
 from helpers import REPO_ROOT, hub_layout, perturbed_copy, tiny_gpt2, write_checkpoint
@@ -531,6 +532,23 @@ def test_compare_times_the_target_step_on_the_prompt_and_on_the_whole_text(capsy
     monkeypatch.setattr(cli, "target_step_seconds", fake_steps)
     out = json.loads(run_main(capsys, *local_models(folders), "--json", "--compare", "-p", "Hello world").stdout)
     assert timed == [2, 2 + 20] and out["comparison"]["step_seconds"]["target"] == pytest.approx(0.0015)
+
+
+def test_a_run_cut_at_end_of_text_says_so_and_predicts_from_what_it_measured(capsys, folders, monkeypatch,
+                                                                             single_thread):
+    # The step that reached end-of-text had asked for 4 drafts: "drafts after a rejection are never judged" with no
+    # rejection, and eq. 1's 5.00 expected beside 1.00 measured, in the prediction too.
+    enc = load_tokenizer(folders["target"])
+    prompt = enc.encode("Hello world")
+    greedy = generate(load_model(folders["target"]), torch.tensor([prompt]), 3)[0, len(prompt):].tolist()
+    monkeypatch.setattr(gpt2, "END_OF_TEXT_ID", greedy[-1])  # the target's third token ends the text
+    args = [*local_models(folders), "--gamma", "4", "--compare", "-p", "Hello world"]
+    out = json.loads(run_main(capsys, *args, "--json").stdout)
+    assert out["stats"]["stopped_at_eos"] and out["token_ids"] == greedy[: greedy.index(greedy[-1]) + 1]
+    assert out["comparison"]["predicted_from"] == "tokens_per_target_call"
+    text = " ".join(run_main(capsys, *args).stdout.split())
+    assert "drafts after a rejection or the end-of-text are never judged" in text
+    assert "; end-of-text cut the last step short)" in text
 
 
 def test_with_p_min_the_prediction_takes_the_measured_tokens_per_call(capsys, folders, single_thread):

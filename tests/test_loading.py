@@ -5,7 +5,9 @@ and every user error with its message."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -340,6 +342,17 @@ def test_truncated_safetensors_raises_value_error(folder, keep_fraction):
     path.write_bytes(data[: int(len(data) * keep_fraction)])
     with pytest.raises(ValueError, match="is corrupt or truncated.*download it again"):
         load_model(folder)
+
+
+def test_a_folder_whose_path_is_not_utf8_is_not_called_corrupt(folder, tmp_path):
+    # safetensors refuses such a path; that was reported as "corrupt or truncated: delete it and download it again".
+    moved = tmp_path / os.fsdecode(b"weights-\xff")  # a Latin-1 name on a Linux file system
+    try:
+        shutil.copytree(folder, moved)
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this file system takes UTF-8 names only")
+    with pytest.raises(ValueError, match="has a path that is not valid UTF-8, which safetensors cannot open"):
+        load_model(moved)
 
 
 @pytest.mark.parametrize("name, method", [("model.safetensors", "open"), ("config.json", "read_text")])
