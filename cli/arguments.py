@@ -195,6 +195,8 @@ def check_settings(args: argparse.Namespace):
     check_drafter(args)
     check_integer(args.max_gen, "--max-gen", 1)
     check_integer(args.batch_size, "--batch-size", 1)
+    if args.weights_dir is not None and not args.weights_dir.strip():
+        raise ValueError("--weights-dir is empty: give the folder for downloads, or leave it out for weights/")
     if args.prompts_file is not None and args.prompt is not None:
         raise ValueError("give --prompt or --prompts-file, not both")
     if args.prompts_file is not None and args.compare:
@@ -203,6 +205,7 @@ def check_settings(args: argparse.Namespace):
         return SamplingConfig(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
         name, rest = str(e).split(" ", 1)
+        rest = rest.replace(" (or None for no limit)", "")  # the API's; the command's no limit is leaving it out
         raise ValueError(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
 
 
@@ -364,8 +367,11 @@ def read_prompts_file(path: str) -> list[tuple[int, str]]:
     json_lines = lines[0].lstrip().startswith("{")
     prompts = []
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            raise ValueError(f"line {number} of {path} is empty: write one prompt on every line")
+        if not line.strip():  # a stray blank line; a prompt of spaces only is written as JSON: {"prompt": " "}
+            what = "empty" if not line else "blank (whitespace only)"
+            raise ValueError(f"line {number} of {path} is {what}: write one prompt on every line"
+                             + ('' if not line or json_lines else ' (a prompt of spaces only: as JSON Lines, '
+                                '{"prompt": " "})'))
         prompt = line
         if json_lines:
             try:

@@ -792,10 +792,11 @@ def test_compare_report_blames_the_prefill_only_where_it_can_close_the_gap(folde
         (["--temperature", "-0.5"], "--temperature must be a number >= 0 (0 = greedy) and <= 3.4e+38, got -0.5"),
         (["--temperature", "nan"], "--temperature must be a number >= 0 (0 = greedy) and <= 3.4e+38, got nan"),
         (["--temperature", "inf"], "--temperature must be a number >= 0 (0 = greedy) and <= 3.4e+38, got inf"),
-        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),  # no "(or None ...)": the API's, not the flag's
         (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
         (["--top-p", "nan"], "--top-p must be in (0, 1]"),
-        (["--top-k", "0"], "--top-k must be an integer >= 1"),
+        (["--top-k", "0"], "--top-k must be an integer >= 1, got 0"),
+        (["--weights-dir", " "], "--weights-dir is empty: give the folder for downloads, or leave it out for weights/"),
         (["--top-k", "True"], "argument --top-k: invalid int value: 'True'"),
         (["--seed", "1.5"], "argument --seed: invalid int value: '1.5'"),
         (["--prompt", ""], "the prompt is empty"),
@@ -814,7 +815,8 @@ def test_compare_report_blames_the_prefill_only_where_it_can_close_the_gap(folde
     ids=["gamma-0", "gamma-negative", "gamma-abc", "gamma-bool", "gamma-float", "gamma-Auto", "ngram-0",
          "ngram-without-ngram-draft", "ngram-draft-quantize", "ngram-p-min", "p-min-1.5", "auto-tree", "ngram-tree",
          "heuristic-file", "max-gen-0", "negative-temperature", "nan-temperature",
-         "inf-temperature", "top-p-0", "top-p-1.5", "top-p-nan", "top-k-0", "top-k-bool", "seed-float", "empty-prompt",
+         "inf-temperature", "top-p-0", "top-p-1.5", "top-p-nan", "top-k-0", "weights-dir-blank",
+         "top-k-bool", "seed-float", "empty-prompt",
          "unknown-device", "tree-0", "tree-text", "tree-empty", "tree-nodes-alone", "tree-depth-alone",
          "tree-nodes-0", "tree-too-deep", "tree-nodes-text", "tree-and-dynamic", "tree-and-gamma"],
 )
@@ -1081,6 +1083,9 @@ def test_a_filter_that_keeps_one_token_samples_the_greedy_text_alone_and_batched
     [
         ("", [], "is empty: write one prompt per line"),
         ("Hello\n\nworld\n", [], "line 2 of {path} is empty"),
+        # A prompt of one space runs with -p " " and as JSON: a line of spaces says how to write it.
+        ("Hello\n \nworld\n", [], 'line 2 of {path} is blank (whitespace only): write one prompt on every line (a '
+                                   'prompt of spaces only: as JSON Lines, {{"prompt": " "}})'),
         ("Hello\n" + "hello " * 200 + "\n", [], "line 2 of {path}: the prompt has 201 tokens but the context window"),
         ('{"prompt": "Hello"}\n{"text": "world"}\n', [], 'line 2 of {path} has no "prompt" text'),
         ('{"prompt": "Hello"}\n{"prompt": \n', [], "line 2 of {path} is not JSON"),
@@ -1089,7 +1094,7 @@ def test_a_filter_that_keeps_one_token_samples_the_greedy_text_alone_and_batched
         ("Hello\n", ["-p", "Hi"], "give --prompt or --prompts-file, not both"),
         ("Hello\n", ["--compare"], "--compare works with one --prompt"),
     ],
-    ids=["empty-file", "empty-line", "line-too-long", "jsonl-no-prompt", "jsonl-broken", "jsonl-surrogate",
+    ids=["empty-file", "empty-line", "blank-line", "line-too-long", "jsonl-no-prompt", "jsonl-broken", "jsonl-surrogate",
          "batch-size-0", "prompt-and-file", "compare"],
 )
 def test_bad_prompts_files(tmp_path, capsys, folders, single_thread, content, args, message):
