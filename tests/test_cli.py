@@ -1094,7 +1094,8 @@ def test_a_filter_that_keeps_one_token_samples_the_greedy_text_alone_and_batched
         ("Hello\n", ["-p", "Hi"], "give --prompt or --prompts-file, not both"),
         ("Hello\n", ["--compare"], "--compare works with one --prompt"),
     ],
-    ids=["empty-file", "empty-line", "blank-line", "line-too-long", "jsonl-no-prompt", "jsonl-broken", "jsonl-surrogate",
+    ids=["empty-file", "empty-line", "blank-line", "line-too-long", "jsonl-no-prompt", "jsonl-broken",
+         "jsonl-surrogate",
          "batch-size-0", "prompt-and-file", "compare"],
 )
 def test_bad_prompts_files(tmp_path, capsys, folders, single_thread, content, args, message):
