@@ -25,6 +25,7 @@ from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
 from .drafters import NOT_PROBABILITIES, check_reference, improper, out_of_range, position_coins
+from .stats import check_number
 
 
 @dataclass
@@ -220,8 +221,7 @@ class SimulatedBatchDrafter(BatchDrafter):
                  first_row: int = 0) -> None:
         super().__init__(model)
         first_row = check_integer(first_row, "first_row", 0)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"the simulated acceptance rate must be a number in [0, 1], got {alpha!r}")
+        alpha = check_number(alpha, "the simulated acceptance rate", 0.0, 1.0)
         try:
             self.references = [list(map(operator.index, reference)) for reference in references]
         except TypeError:

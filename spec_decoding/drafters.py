@@ -29,6 +29,8 @@ from gpt2.generate import check_integer, check_model
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
+from .stats import check_number
+
 
 @dataclass
 class Draft:
@@ -294,8 +296,7 @@ class SimulatedDrafter(ModelDrafter):
 
     def __init__(self, model: GPT2, reference: torch.Tensor, alpha: float, *, seed: int = 0) -> None:
         super().__init__(model)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"the simulated acceptance rate must be a number in [0, 1], got {alpha!r}")
+        alpha = check_number(alpha, "the simulated acceptance rate", 0.0, 1.0)
         if not isinstance(reference, torch.Tensor):
             raise ValueError(f"reference must be a tensor of the target's greedy token ids, prompt included "
                              f"(gpt2.generate's output), got {type(reference).__name__}")
