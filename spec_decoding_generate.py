@@ -558,7 +558,8 @@ def compare_with_target_alone(
         "verify": stats.verify_seconds / stats.target_calls,  # t_v(γ + 1)
     }
     closed_form = (stats.tree is None and isinstance(args.gamma, int) and args.draft != NGRAM_DRAFT
-                   and args.draft_p_min is None and not stats.stopped_at_eos)  # end-of-text cuts a step short
+                   and args.draft_p_min is None
+                   and stats.target_tokens == stats.target_calls)  # no step cut short by an accepted end-of-text
     tokens = expected_tokens(stats) if closed_form else stats.tokens_per_target_call
     predicted = tokens * step_seconds["target"] * stats.target_calls / (stats.draft_seconds + stats.verify_seconds)
 
@@ -627,7 +628,15 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # --help and the text: a non-UTF-8 terminal shows '?', no crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
-    sys.stderr = Unfailing(sys.stderr)
+    stderr, sys.stderr = sys.stderr, Unfailing(sys.stderr)
+    try:
+        return run_command(argv)
+    finally:
+        sys.stderr = stderr  # for a caller in this process
+
+
+def run_command(argv: list[str] | None) -> int:
+    """The command on stdout and stderr as `main` has set them up: its exit code, errors as one line."""
     args = build_parser().parse_args(argv)
     try:
         sampling = check_settings(args)
@@ -678,6 +687,8 @@ class Unfailing:
             pass
 
     def __getattr__(self, name: str):
+        if "stream" not in self.__dict__:  # a copy being made: no stream yet
+            raise AttributeError(name)
         return getattr(self.stream, name)
 
 

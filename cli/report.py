@@ -160,7 +160,8 @@ def print_stats(
     if stats.tree is None:
         rows.append(("γ per step", describe_gammas(stats, schedule)))
     expected = f"; {expected_tokens(stats):.2f} expected at this α, Leviathan et al. eq. 1" if drafts_in_full else ""
-    if stats.stopped_at_eos:  # its drafts after end-of-text are neither emitted nor judged
+    cut_short = stats.target_tokens < stats.target_calls  # a step ended on an accepted end-of-text draft
+    if cut_short:  # its drafts after end-of-text were neither emitted nor judged, nor was a target token added
         expected += "; end-of-text cut the last step short"
     if stats.drafted and stats.tree is not None:
         rows += tree_rows(stats)
@@ -170,7 +171,7 @@ def print_stats(
             (
                 "accepted per drafted",
                 f"{stats.accepted_per_drafted:.3f} ({stats.accepted} of {stats.drafted}: drafts after a rejection "
-                f"{'or the end-of-text ' if stats.stopped_at_eos else ''}are never judged)",
+                f"{'or the end-of-text ' if cut_short else ''}are never judged)",
             ),
             (
                 "tokens/target call",

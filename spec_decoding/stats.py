@@ -25,15 +25,16 @@ from gpt2.generate import check_integer
 
 
 def check_number(value, name: str, low: float, high: float = math.inf, *, low_open: bool = False) -> float:
-    """`value` as a float, or a ValueError naming `name` unless it is a number in [low, high] ((low, high] if
-    `low_open`); NaN never is."""
+    """`value` as a float, or a ValueError naming `name` unless it is a finite number in [low, high] ((low, high]
+    if `low_open`); NaN and infinities never are."""
     number = None
     if not isinstance(value, (str, bytes, bool)):
         try:
             number = float(value)  # int, float, numpy and 0-d tensor numbers
         except (TypeError, ValueError, RuntimeError):
             pass
-    if number is None or not (low < number if low_open else low <= number) or not number <= high:
+    finite = number is not None and math.isfinite(number)
+    if not (finite and (number > low if low_open else number >= low) and number <= high):
         bound = "(" if low_open else "["
         where = f"in {bound}{low:g}, {high:g}]" if high < math.inf else f"{'>' if low_open else '>='} {low:g}"
         raise ValueError(f"{name} must be a number {where}, got {value!r}")
@@ -65,7 +66,7 @@ def predicted_speedup(alpha: float, gamma: int, t_draft: float, t_target: float,
 
     Args:
         alpha: acceptance rate in [0, 1].
-        gamma: tokens drafted per step, >= 1.
+        gamma: tokens drafted per step, >= 0 (0: a plain step).
         t_draft, t_target, t_verify: seconds of one draft step, one target step
             and one target pass over gamma + 1 tokens.
 

@@ -17,6 +17,7 @@ gain from threads, and spinning threads slow them down badly on a busy machine.
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import io
 import json
@@ -549,6 +550,17 @@ def test_a_run_cut_at_end_of_text_says_so_and_predicts_from_what_it_measured(cap
     text = " ".join(run_main(capsys, *args).stdout.split())
     assert "drafts after a rejection or the end-of-text are never judged" in text
     assert "; end-of-text cut the last step short)" in text
+    # End-of-text as the target's own token (the draft is the target: every draft accepted, then the bonus token):
+    # the step was whole, and eq. 1 holds.
+    gamma = next(i for i in range(1, 3) if greedy[i] not in greedy[:i])
+    monkeypatch.setattr(gpt2, "END_OF_TEXT_ID", greedy[gamma])
+    args = [*local_models(folders, draft="target"), "--gamma", str(gamma), "--compare", "-p", "Hello world"]
+    out = json.loads(run_main(capsys, *args, "--json").stdout)
+    assert out["stats"]["stopped_at_eos"] and out["stats"]["target_calls"] == 1
+    assert out["token_ids"] == greedy[: gamma + 1]
+    assert out["comparison"]["predicted_from"] == "alpha"
+    text = " ".join(run_main(capsys, *args).stdout.split())
+    assert "drafts after a rejection are never judged" in text and "cut the last step short" not in text
 
 
 def test_with_p_min_the_prediction_takes_the_measured_tokens_per_call(capsys, folders, single_thread):
@@ -888,6 +900,15 @@ def test_a_stderr_that_cannot_be_written_leaves_the_run_and_its_text_alone(tmp_p
                              stdout=subprocess.PIPE, stderr=full, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("draft ") and "new tokens" in done.stdout, done.stdout
     assert bad.returncode == 2 and bad.stdout == ""
+
+
+def test_main_leaves_stderr_as_it_found_it(capsys):
+    # Each in-process call wrapped sys.stderr once more, for good; a copy of the wrapper recursed without end.
+    before = sys.stderr
+    for _ in range(2):
+        assert_bad_input(run_main(capsys, "--top-k", "-3"), "--top-k must be an integer >= 1")
+        assert sys.stderr is before
+    assert copy.copy(cli.Unfailing(before)).stream is before
 
 
 def test_with_stdout_closed_it_stops_before_any_work(tmp_path, folders):

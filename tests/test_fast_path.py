@@ -674,6 +674,7 @@ print(fast.status(model).split(":")[0], float((quick - readable).abs().max()))
      "torch.no_grad()", "readable path"),
     ("model.h[0].ln_1.weight = torch.nn.Parameter(TwoTensor(*[model.h[0].ln_1.weight.clone()] * 2))",
      "torch.no_grad()", "readable path"),
+    ("x = TwoTensor(x, x)", "torch.no_grad()", "fast path"),  # its activations too: that pass takes the readable path
 ])
 def test_a_default_device_and_wrapped_parameters_leave_the_results_alone(fast_kernels, tmp_path, change, context,
                                                                          path):

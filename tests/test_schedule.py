@@ -434,6 +434,9 @@ HELPER_MISTAKES = {
     "Theorem 3.8 of c as text": (lambda m: improvement_factor(0.5, 3, "0.1"), "c = t_d / t_t must be a number >= 0"),
     "a verification that costs nothing": (lambda m: predicted_speedup(0.5, 0, 0.0, 1.0, 0.0),
                                           "t_verify must be a number > 0, got 0.0"),
+    "a target step that never ends": (lambda m: predicted_speedup(0.5, 2, 1.0, float("inf"), 1.0),
+                                      "t_target must be a number > 0, got inf"),  # it returned inf
+    "an infinite c": (lambda m: improvement_factor(0.5, 0, float("inf")), "c = t_d / t_t must be a number >= 0"),
 }
 
 

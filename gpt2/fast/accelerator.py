@@ -125,7 +125,7 @@ def cache_readable(buffer: torch.Tensor) -> bool:
     """A KV cache buffer (L, B, nh, S, hs) the kernels can read: CPU float32
     with each position's hs values contiguous. Layers, rows and heads may
     have any strides (a batch that `KVCache.keep_rows` shrank is a view)."""
-    is_float32 = buffer.is_cpu and buffer.dtype == torch.float32
+    is_float32 = type(buffer) is torch.Tensor and buffer.is_cpu and buffer.dtype == torch.float32
     return is_float32 and buffer.stride(4) == 1 and buffer.stride(3) == buffer.size(4)
 
 
@@ -262,8 +262,8 @@ class FastGPT2:
         kernels get), and widths the kernels take."""
         if torch.jit.is_tracing() or compiling():
             return False
-        if not (x.is_cpu and x.dtype == torch.float32) or autocast_on():
-            return False
+        if not (type(x) is torch.Tensor and x.is_cpu and x.dtype == torch.float32) or autocast_on():
+            return False  # a tensor subclass may have no storage of its own (see `kernel_readable`)
         if getattr(fwAD, "_current_level", -1) >= 0 or fwAD.unpack_dual(x).tangent is not None:
             return False  # forward-mode AD: a tangent on the input or on any parameter
         if cache is not None and not (
@@ -272,7 +272,8 @@ class FastGPT2:
         ):
             return False
         B, T, C = x.shape
-        if C % 8 or (C // model.config.n_head) % 8 or (mask is not None and not mask.is_cpu):
+        if C % 8 or (C // model.config.n_head) % 8 or (mask is not None and not (type(mask) is torch.Tensor
+                                                                                 and mask.is_cpu)):
             return False
         if mask is not None and T > MAX_NEW_TOKENS and mask[:, mask.size(1) - T:].triu(1).any():
             return False  # a token that sees a later one: the pass's chunks (below) would hide it
