@@ -36,6 +36,7 @@ from cli.arguments import (
     read_prompt,
     read_prompts_file,
 )
+from cli.stream import Unfailing
 
 # torch and the model code are imported inside the functions that use them:
 # --help and argparse's own errors then answer at once, without the torch import.
@@ -548,7 +549,7 @@ def compare_with_target_alone(
     """
     import statistics
 
-    from cli.report import expected_tokens, speedups_agree
+    from cli.report import cut_by_end_of_text, expected_tokens, speedups_agree
     from gpt2.generate import first_difference
     from spec_decoding.stats import clock
 
@@ -558,8 +559,7 @@ def compare_with_target_alone(
         "verify": stats.verify_seconds / stats.target_calls,  # t_v(γ + 1)
     }
     closed_form = (stats.tree is None and isinstance(args.gamma, int) and args.draft != NGRAM_DRAFT
-                   and args.draft_p_min is None
-                   and stats.target_tokens == stats.target_calls)  # no step cut short by an accepted end-of-text
+                   and args.draft_p_min is None and not cut_by_end_of_text(stats))
     tokens = expected_tokens(stats) if closed_form else stats.tokens_per_target_call
     predicted = tokens * step_seconds["target"] * stats.target_calls / (stats.draft_seconds + stats.verify_seconds)
 
@@ -664,32 +664,6 @@ def run_command(argv: list[str] | None) -> int:
         message = f"unexpected {type(e).__name__}: {one_line(e)} (run with --debug for the traceback)"
         print(f"error: {message}", file=sys.stderr)
         return EXIT_UNEXPECTED
-
-
-class Unfailing:
-    """stderr, whose progress lines and errors are dropped where they cannot be written (a full disk, a reader
-    that left, a descriptor only for reading): the run and its text on stdout go on. It failed with exit code 1
-    and no output, the error about the failed write failing in turn."""
-
-    def __init__(self, stream) -> None:
-        self.stream = stream
-
-    def write(self, text: str) -> int:
-        try:
-            return self.stream.write(text)
-        except (OSError, ValueError):  # ValueError: a closed file
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self.stream.flush()
-        except (OSError, ValueError):
-            pass
-
-    def __getattr__(self, name: str):
-        if "stream" not in self.__dict__:  # a copy being made: no stream yet
-            raise AttributeError(name)
-        return getattr(self.stream, name)
 
 
 def one_line(e: BaseException) -> str:

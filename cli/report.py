@@ -133,6 +133,12 @@ def plain_step_reasons(stats: SpecStats, *, schedule: str, drafter: str, length:
     return "; ".join(reasons)
 
 
+def cut_by_end_of_text(stats: SpecStats) -> bool:
+    """Whether a step ended on an accepted end-of-text draft: its later drafts were neither emitted nor judged,
+    and no target token followed, so eq. 1 does not describe it."""
+    return stats.target_tokens < stats.target_calls
+
+
 def expected_tokens(stats: SpecStats) -> float:
     """Eq. 1 at the run's α for the K each step asked, averaged over the steps:
     E(α, γ) when every step asked γ; K shrinks near the end of --max-gen, is 0
@@ -160,8 +166,8 @@ def print_stats(
     if stats.tree is None:
         rows.append(("γ per step", describe_gammas(stats, schedule)))
     expected = f"; {expected_tokens(stats):.2f} expected at this α, Leviathan et al. eq. 1" if drafts_in_full else ""
-    cut_short = stats.target_tokens < stats.target_calls  # a step ended on an accepted end-of-text draft
-    if cut_short:  # its drafts after end-of-text were neither emitted nor judged, nor was a target token added
+    cut_short = cut_by_end_of_text(stats)
+    if cut_short:
         expected += "; end-of-text cut the last step short"
     if stats.drafted and stats.tree is not None:
         rows += tree_rows(stats)

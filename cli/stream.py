@@ -1,6 +1,7 @@
 """Streaming the committed tokens of a speculative decoding run as text, in
 colour on a terminal: green for drafted tokens the target accepted, yellow for
-tokens the target chose itself (a correction or a bonus token)."""
+tokens the target chose itself (a correction or a bonus token). And
+`Unfailing`, the stderr of progress lines that a failed write does not stop."""
 
 from __future__ import annotations
 
@@ -59,3 +60,29 @@ class TokenStream:
     def write(self, text: str, style: str) -> None:
         if text:
             self.out.write(f"{style}{text}{RESET}" if self.color else text)
+
+
+class Unfailing:
+    """stderr, whose progress lines and errors are dropped where they cannot be written (a full disk, a reader
+    that left, a descriptor only for reading): the run and its text on stdout go on. It failed with exit code 1
+    and no output, the error about the failed write failing in turn."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except (OSError, ValueError):  # ValueError: a closed file
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str):
+        if "stream" not in self.__dict__:  # a copy being made: no stream yet
+            raise AttributeError(name)
+        return getattr(self.stream, name)

@@ -37,7 +37,7 @@ import torch
 import gpt2
 import spec_decoding_generate as cli
 from cli.report import print_comparison
-from cli.stream import ACCEPTED_STYLE, TARGET_STYLE, TokenStream
+from cli.stream import ACCEPTED_STYLE, TARGET_STYLE, TokenStream, Unfailing
 from gpt2 import GPT2Config, generate, load_model, load_tokenizer
 from gpt2.generate import first_difference
 from spec_decoding import expected_tokens_per_step
@@ -908,7 +908,7 @@ def test_main_leaves_stderr_as_it_found_it(capsys):
     for _ in range(2):
         assert_bad_input(run_main(capsys, "--top-k", "-3"), "--top-k must be an integer >= 1")
         assert sys.stderr is before
-    assert copy.copy(cli.Unfailing(before)).stream is before
+    assert copy.copy(Unfailing(before)).stream is before
 
 
 def test_with_stdout_closed_it_stops_before_any_work(tmp_path, folders):

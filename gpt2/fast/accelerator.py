@@ -114,18 +114,22 @@ def packed_copy(w: torch.Tensor, int8: bool) -> PackedWeight:
     return PackedWeight(pack_rows(w), None, stamp(w), w.detach())
 
 
+def plain_cpu(tensor: torch.Tensor) -> bool:
+    """A plain tensor (or parameter) on the CPU, whose data pointer the kernels can read. A subclass may have no
+    storage of its own (a wrapper such as a quantised weight: its data pointer is 0)."""
+    return type(tensor) in (torch.Tensor, nn.Parameter) and tensor.is_cpu
+
+
 def kernel_readable(tensor: torch.Tensor) -> bool:
-    """A tensor whose data pointer the kernels can read: CPU float32, contiguous, and a plain tensor. A subclass
-    may have no storage of its own (a wrapper such as a quantised weight: its data pointer is 0)."""
-    plain = type(tensor) in (torch.Tensor, nn.Parameter)
-    return plain and tensor.is_cpu and tensor.dtype == torch.float32 and tensor.is_contiguous()
+    """A weight the kernels can read: plain, CPU float32, contiguous."""
+    return plain_cpu(tensor) and tensor.dtype == torch.float32 and tensor.is_contiguous()
 
 
 def cache_readable(buffer: torch.Tensor) -> bool:
     """A KV cache buffer (L, B, nh, S, hs) the kernels can read: CPU float32
     with each position's hs values contiguous. Layers, rows and heads may
     have any strides (a batch that `KVCache.keep_rows` shrank is a view)."""
-    is_float32 = type(buffer) is torch.Tensor and buffer.is_cpu and buffer.dtype == torch.float32
+    is_float32 = plain_cpu(buffer) and buffer.dtype == torch.float32
     return is_float32 and buffer.stride(4) == 1 and buffer.stride(3) == buffer.size(4)
 
 
@@ -262,8 +266,8 @@ class FastGPT2:
         kernels get), and widths the kernels take."""
         if torch.jit.is_tracing() or compiling():
             return False
-        if not (type(x) is torch.Tensor and x.is_cpu and x.dtype == torch.float32) or autocast_on():
-            return False  # a tensor subclass may have no storage of its own (see `kernel_readable`)
+        if not (plain_cpu(x) and x.dtype == torch.float32) or autocast_on():
+            return False
         if getattr(fwAD, "_current_level", -1) >= 0 or fwAD.unpack_dual(x).tangent is not None:
             return False  # forward-mode AD: a tangent on the input or on any parameter
         if cache is not None and not (
@@ -272,8 +276,7 @@ class FastGPT2:
         ):
             return False
         B, T, C = x.shape
-        if C % 8 or (C // model.config.n_head) % 8 or (mask is not None and not (type(mask) is torch.Tensor
-                                                                                 and mask.is_cpu)):
+        if C % 8 or (C // model.config.n_head) % 8 or (mask is not None and not plain_cpu(mask)):
             return False
         if mask is not None and T > MAX_NEW_TOKENS and mask[:, mask.size(1) - T:].triu(1).any():
             return False  # a token that sees a later one: the pass's chunks (below) would hide it
