@@ -299,14 +299,17 @@ def test_a_stored_calibration_that_is_edited_or_short_is_measured_again(tmp_path
     edits = [
         json.dumps({**record, "t_draft": float("nan")}),
         json.dumps({**record, "t_verify": record["t_verify"][:5]}),  # short
-        json.dumps({**record, "t_verify": record["t_verify"][::-1]}),  # decreasing: no pass measures that
+        # Decreasing: no pass measures that. (Reversing the record is no edit when its times are flat.)
+        json.dumps({**record, "t_verify": [t * (13 - i) for i, t in enumerate(record["t_verify"])]}),
         json.dumps({**record, "t_draft": 10**400}),  # past any float
         "[" * 100_000,  # nested past the recursion limit
     ]
     for text in edits:
         stored.write_text(text)
         again = calibrate(target, draft, 13, cache_dir=tmp_path)
-        assert again.max_tokens == 13 and again.t_draft > 0 and again != costs  # measured anew
+        # Measured anew: whole, finite, non-decreasing, and not the first measurement.
+        assert again.max_tokens == 13 and 0 < again.t_draft < 1 and again != costs
+        assert list(again.t_verify) == sorted(again.t_verify)
     with pytest.raises(ValueError, match="max_tokens must be an integer >= 1"):
         calibrate(target, draft, 2.5, cache_dir=tmp_path)
 
