@@ -15,6 +15,7 @@ at it; `closed_endpoint()` is a URL where nothing listens (no network).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -137,13 +138,19 @@ class HubServer:
         return Handler
 
 
+@functools.cache
 def closed_endpoint() -> str:
-    """An http://127.0.0.1:PORT URL where nothing listens (a port bound, then
-    closed): connecting is refused at once, like a machine with no network."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    """An http://127.0.0.1:PORT URL where nothing listens: connecting is refused
+    at once, like a machine with no network. The port stays bound (never
+    listening) while this process lives, so no HubServer of another xdist
+    worker can be given it."""
+    reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    reserved.bind(("127.0.0.1", 0))
+    RESERVED_PORTS.append(reserved)
+    return f"http://127.0.0.1:{reserved.getsockname()[1]}"
+
+
+RESERVED_PORTS: list[socket.socket] = []  # closed_endpoint's socket, kept open
 
 
 def point_huggingface_hub_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, hf_home: Path) -> None:
