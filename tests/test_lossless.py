@@ -123,7 +123,8 @@ def test_sampled_tokens_have_the_target_distribution(target, draft, setting):
     assert statistic < threshold, f"chi-square {statistic:.1f} >= {threshold:.1f} (df {df}, {runs} runs)"
     # Every branch of the rule was taken often: the first step rejected draft 1,
     # rejected draft 2 after accepting draft 1, and accepted both (bonus token).
-    assert min(first_step_accepted) >= 0.1 * runs, first_step_accepted
+    # The rarest (top-k 2, exactly one accepted) has p = 0.116: fewer than 5% of 2,000 runs has chance 1e-24.
+    assert min(first_step_accepted) >= 0.05 * runs, first_step_accepted
 
 
 # ---------------------------------------------------------------------------

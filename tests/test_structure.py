@@ -182,10 +182,12 @@ def test_the_benchmarks_check_their_outputs_with_must_not_assert():
     assert asserts == [], f"use benchmarks.common.must: {asserts}"
 
 
-def test_every_benchmark_names_itself_as_it_is_run(capsys):
+def test_every_benchmark_names_itself_as_it_is_run(capsys, monkeypatch):
     """Benchmarks run as `python -m benchmarks.<name>`: --help's usage line says so (argparse's default would be
     the file name, a command that fails: run as a file, `benchmarks` cannot be imported)."""
     import importlib
+
+    monkeypatch.setenv("COLUMNS", "1000")  # a narrow terminal breaks the usage line after the command
 
     commands = sorted(name for name, path in project_modules().items()
                       if name.startswith("benchmarks.") and "def main(" in path.read_text(encoding="utf-8"))

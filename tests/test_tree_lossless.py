@@ -116,8 +116,9 @@ def test_sampled_tokens_have_the_target_distribution(target, draft, case):
     assert statistic < threshold, f"chi-square {statistic:.1f} >= {threshold:.1f} (df {df}, {runs} runs)"
     # The branches of the rule were all taken: () = every depth-1 child
     # rejected, (1,) = the second accepted after the first was rejected, ...
+    # The rarest ((2,) under 3,2 top-k 4) has p = 0.017: fewer than 0.3% of 1,500 runs has chance 1e-7.
     for ranks in branches:
-        assert first_step.get(ranks, 0) >= 0.01 * runs, (ranks, first_step)
+        assert first_step.get(ranks, 0) >= 0.003 * runs, (ranks, first_step)
 
 
 # ---------------------------------------------------------------------------
