@@ -30,6 +30,13 @@ TIKTOKEN_CACHE_NAMES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def seeded_torch():
+    """Each test starts from the same global torch seed, whichever worker runs it and after whichever tests:
+    a weight drawn without a generator (a test's edit, a default nn.Linear) is the same in every run."""
+    torch.manual_seed(0)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def offline_tiktoken_cache(tmp_path_factory: pytest.TempPathFactory):
     """Seeds a tiktoken cache with ../shared/gpt2-bpe (when present), so that
