@@ -134,7 +134,15 @@ def cache_readable(buffer: torch.Tensor) -> bool:
 
 
 class FastGPT2:
-    """The C forward pass of one model (see the module docstring)."""
+    """The C forward pass of one model (see the module docstring). Besides the
+    seam's methods (`run_blocks`, `head`), callers may read:
+        model     a weak reference to the model it runs
+        kernels   the loaded C library (`kernels.path`: its file)
+        int8      whether matrices were packed from int8 levels
+        threads   the ThreadChooser, or None: always torch.get_num_threads()
+        packed    name -> PackedWeight: the kernels' copy of each matrix they read
+        takes(model, x, cache, mask), block_table(model): whether a pass runs
+                  here, and the parameter table it would read."""
 
     def __init__(
         self, model: GPT2, kernels: Kernels, int8_levels: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
