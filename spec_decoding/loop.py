@@ -72,7 +72,8 @@ def speculative_generate(
     Args:
         target: the large model whose output is reproduced.
         draft: a small GPT-2 (wrapped in a ModelDrafter) or any drafter.
-        input_ids: (1, T) prompt token ids on the target's device.
+        input_ids: (1, T) prompt token ids, on any device: the output
+            comes back on it, as from `gpt2.generate`.
         lengths: for a batch only: each row's length in a padded tensor.
         gamma: tokens drafted per step, a chain: an integer >= 1; "auto", the
             K that maximises expected tokens per second at the running
@@ -149,7 +150,7 @@ def speculative_generate(
     schedule = make_schedule(gamma, target, drafter)
     gamma = schedule.max_gamma  # the most tokens a step drafts
 
-    device = input_ids.device
+    device = target.device  # the prompt may be elsewhere: the output goes back there
     T = input_ids.size(1)
     max_len = T + min(max_new_tokens, target.config.n_ctx - T)  # as the baseline: never past n_ctx
     seq = torch.empty(1, max_len, dtype=torch.long, device=device)  # (1, max_len) committed tokens
@@ -212,4 +213,4 @@ def speculative_generate(
             on_step(new, emitted_drafts)
         if stats.stopped_at_eos:
             break
-    return seq[:, :S], stats
+    return seq[:, :S].to(input_ids.device), stats

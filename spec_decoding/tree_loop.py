@@ -97,7 +97,7 @@ def tree_speculative_generate(
         raise ValueError(f"speculative decoding runs one sequence at a time: got a batch of {input_ids.size(0)}")
     depth = check_draft_length(shape.max_depth, "the tree's depth", target.config.n_ctx)
 
-    device = input_ids.device
+    device = target.device  # the prompt may be elsewhere: the output goes back there
     T = input_ids.size(1)
     max_len = T + min(max_new_tokens, target.config.n_ctx - T)  # as the baseline: never past n_ctx
     seq = torch.empty(1, max_len, dtype=torch.long, device=device)  # (1, max_len) committed tokens
@@ -169,4 +169,4 @@ def tree_speculative_generate(
             on_step(new, emitted)
         if stats.stopped_at_eos:
             break
-    return seq[:, :S], stats
+    return seq[:, :S].to(input_ids.device), stats

@@ -3,7 +3,7 @@
 The CPU tests prove the rules; these run them where a CUDA GPU is present, and are skipped, saying so,
 elsewhere. On the GPU: the model against transformers in float32, float16 and bfloat16; greedy speculative
 decoding (chains, trees, batches, gamma "auto" and "heuristic", prompt lookup) equal to greedy decoding in
-float32, and in half precision different only at near-ties (benchmarks/parity_check.py's verdict); sampling
+float32, also from a prompt left on the CPU, and in half precision different only at near-ties (benchmarks/parity_check.py's verdict); sampling
 with a CUDA generator reproducible and distributed as the target (the chi-square test of test_lossless.py,
 shown to fail for a wrong rule); a CPU generator refused with one line; `load_model` neither building nor
 attaching the C kernels; the command and two benchmarks with `--device cuda`.
@@ -136,6 +136,17 @@ def test_greedy_speculative_decoding_is_greedy_decoding_on_the_gpu(models, mode)
     if mode == "chain":
         rows, _ = speculative_generate(target, draft, PROMPTS, max_new_tokens=40, **MODES[mode])
         assert rows == generate(target, PROMPTS, 40)
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree", "auto"])
+def test_a_prompt_on_the_cpu_for_gpu_models_comes_back_on_the_cpu_as_from_generate(models, mode):
+    """As `generate` and a batch do, one sequence takes its prompt on any device (it was refused by the target's
+    pass, and with gamma "auto" only after the calibration)."""
+    target, draft, ids = models["target"], models["draft"], torch.tensor([PROMPTS[0]])  # (1, T) on the CPU
+    out, _ = speculative_generate(target, draft, ids, max_new_tokens=20, **MODES[mode])
+    baseline = generate(target, ids, 20)
+    assert out.device.type == baseline.device.type == "cpu"
+    assert torch.equal(out, baseline)
 
 
 def test_prompt_lookup_is_greedy_decoding_on_the_gpu(models):
