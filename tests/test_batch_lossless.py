@@ -1,19 +1,17 @@
 """Batched speculative sampling is lossless: every row of a batch has the
 target's distribution for its own prompt.
 
-As in test_lossless.py, on a GPT-2 with an 8-token vocabulary: two prompts
-of different lengths, each 10 times over in one batch (B = 20 rows), run
-from one seeded generator until each prompt has N = 10^4 samples, and for
-each prompt the empirical joint distribution of its rows' first 3 new tokens
-is compared with the exact one by Pearson's chi-square test (0.999
-quantile). The draft often disagrees with the target (alpha ~ 0.5), so the
-rows of a step often accept different numbers of drafts. The check is shown
-to reject a batched rule that truncates every row to the batch's shortest
-acceptance m and draws each row's next token from the residual at position
-m + 1, even for rows whose draft there was accepted (tokens the draft
-over-proposes are then drawn too rarely for those rows). Under a top-k 2
-filter (10^3 samples) the rows stay lossless, and a draft that misreports
-its filter is rejected.
+As in test_lossless.py, on a GPT-2 with an 8-token vocabulary: two prompts of
+different lengths, each 10 times over in one batch (B = 20 rows), run from one
+seeded generator until each prompt has N = 10^4 samples; for each prompt the
+empirical joint distribution of its rows' first 3 new tokens is compared with
+the exact one by Pearson's chi-square test (0.999 quantile). The draft often
+disagrees with the target (alpha ~ 0.5), so the rows of a step often accept
+different numbers of drafts. The check is shown to reject a batched rule that
+truncates every row to the batch's shortest acceptance m and draws each row's
+next token from the residual at position m + 1, even for rows whose draft
+there was accepted. Under a top-k 2 filter (10^3 samples) the rows stay
+lossless, and a draft that misreports its filter is rejected.
 """
 
 from __future__ import annotations
