@@ -3,10 +3,11 @@
 The CPU tests prove the rules; these run them where a CUDA GPU is present, and are skipped, saying so,
 elsewhere. On the GPU: the model against transformers in float32, float16 and bfloat16; greedy speculative
 decoding (chains, trees, batches, gamma "auto" and "heuristic", prompt lookup) equal to greedy decoding in
-float32, also from a prompt left on the CPU, and in half precision different only at near-ties (benchmarks/parity_check.py's verdict); sampling
-with a CUDA generator reproducible and distributed as the target (the chi-square test of test_lossless.py,
-shown to fail for a wrong rule); a CPU generator refused with one line; `load_model` neither building nor
-attaching the C kernels; the command and two benchmarks with `--device cuda`.
+float32, also from a prompt left on the CPU, and in half precision different only at near-ties
+(benchmarks/parity_check.py's verdict); sampling with a CUDA generator reproducible and distributed as the
+target (the chi-square test of test_lossless.py, shown to fail for a wrong rule); a CPU generator refused with
+one line; `load_model` neither building nor attaching the C kernels; the command and two benchmarks with
+`--device cuda`.
 """
 
 from __future__ import annotations
