@@ -448,7 +448,7 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
                     "settings": {**settings_record(args, sampling, folders, device, dtype, quantize, args.seed + i,
                                                    draft_quantize=draft_quantize, drafter=drafter_name),
                                  "prompts_file": args.prompts_file, "batch_size": args.batch_size},
-                    "interrupted": interrupted,
+                    "interrupted": stop == report.INTERRUPTED,  # this row cut short, not one that had finished
                 }, sys.stdout)
                 sys.stdout.write("\n")
             else:

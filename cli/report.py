@@ -26,6 +26,7 @@ SPEEDUP_TOLERANCE = 0.3
 # When more than this share of the speculative run went outside its drafting and verifying steps (the prompt's
 # prefill in both models, above all), that share, which the prediction leaves out, explains a disagreement.
 OUTSIDE_STEPS_SHARE = 0.2
+INTERRUPTED = "interrupted (Ctrl-C)"  # the stop reason of a run that Ctrl-C cut short
 
 
 def count(n: int, noun: str) -> str:
@@ -82,15 +83,17 @@ def print_header(
 
 def stop_reason(stats: SpecStats, *, interrupted: bool, max_gen: int, length: int, target_n_ctx: int) -> str:
     """Why the run ended. Only the target's context window can end it: past
-    the draft's window the target goes on with plain steps."""
-    if interrupted:
-        return "interrupted (Ctrl-C)"
+    the draft's window the target goes on with plain steps. A Ctrl-C
+    (`interrupted`) ended it only if nothing else had: a batch's row that
+    had finished before it keeps its own reason."""
     if stats.stopped_at_eos:
         return "stopped at <|endoftext|>"
     if stats.new_tokens >= max_gen:
         return "stopped at --max-gen"
-    assert length >= target_n_ctx, (length, target_n_ctx)
-    return f"stopped at the target's context window ({target_n_ctx} tokens)"
+    if length >= target_n_ctx:
+        return f"stopped at the target's context window ({target_n_ctx} tokens)"
+    assert interrupted, (length, target_n_ctx)
+    return INTERRUPTED
 
 
 def describe_drafter(draft: str, *, ngram: int | None, quantize: str | None, p_min: float | None) -> str:

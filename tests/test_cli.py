@@ -1083,6 +1083,50 @@ def test_jsonl_and_json_give_one_object_per_prompt_whatever_the_batch_size(tmp_p
     assert [o["token_ids"] for o in runs["1"]] == [o["token_ids"] for o in objects], "the batch size changes nothing"
 
 
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_ctrl_c_in_a_batch_leaves_a_row_that_had_finished_finished(tmp_path, capsys, folders, monkeypatch,
+                                                                   single_thread, output):
+    """A long prompt fills the target's window of 128 within a few steps and leaves the batch; Ctrl-C lands in
+    the next step, which verifies the short prompt alone. Each row, not the batch, says whether it was cut short
+    (both read "interrupted" before)."""
+    import spec_decoding
+
+    real = spec_decoding.speculative_generate
+
+    def interrupted_generate(target, *args, **kwargs):
+        rows_seen = []
+
+        def ctrl_c(module, inputs):
+            rows_seen.append(inputs[0].size(0))
+            if rows_seen[-1] == 1 and 2 in rows_seen:  # the first pass after the long row left the batch
+                raise KeyboardInterrupt
+
+        handle = target.register_forward_pre_hook(ctrl_c)
+        try:
+            return real(target, *args, **kwargs)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(spec_decoding, "speculative_generate", interrupted_generate)
+    path = tmp_path / "prompts.txt"
+    path.write_text("Hello" + " hello" * 119 + "\nHello world\n", encoding="utf-8")  # 120 and 2 tokens
+    extra = ["--json"] if output == "json" else []
+    result = run_main(capsys, *local_models(folders), "--max-gen", "100", "--prompts-file", str(path),
+                      "--batch-size", "2", *extra)
+    assert result.returncode == 130, result.stderr
+    if output == "json":
+        long, short = [json.loads(line) for line in result.stdout.splitlines()]
+        assert long["stop"] == "stopped at the target's context window (128 tokens)" and not long["interrupted"]
+        assert len(long["prompt_token_ids"]) + len(long["token_ids"]) == 128
+        assert short["stop"] == "interrupted (Ctrl-C)" and short["interrupted"]
+        assert 1 <= len(short["token_ids"]) < 100
+    else:
+        assert re.search(r"\[8 new tokens in \d+ target calls?, stopped at the target's context window \(128 tokens\);",
+                         result.stdout), result.stdout
+        assert re.search(r"\[\d+ new tokens? in \d+ target calls?, interrupted \(Ctrl-C\);", result.stdout)
+        assert re.search(r"prompts\s+2 in 1 batch of up to 2, interrupted \(Ctrl-C\)", result.stdout)
+
+
 @pytest.mark.parametrize("sampling_filter", [["--top-k", "1"], ["--top-p", "1e-9"]])
 def test_a_filter_that_keeps_one_token_samples_the_greedy_text_alone_and_batched(tmp_path, capsys, folders,
                                                                                  single_thread, sampling_filter):
