@@ -36,7 +36,7 @@ from cli.arguments import (
     read_prompt,
     read_prompts_file,
 )
-from cli.stream import Unfailing
+from cli.stream import Checked, OutputError, Unfailing
 
 # torch and the model code are imported inside the functions that use them:
 # --help and argparse's own errors then answer at once, without the torch import.
@@ -628,11 +628,12 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # --help and the text: a non-UTF-8 terminal shows '?', no crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
+    stdout, sys.stdout = sys.stdout, Checked(sys.stdout)
     stderr, sys.stderr = sys.stderr, Unfailing(sys.stderr)
     try:
         return run_command(argv)
     finally:
-        sys.stderr = stderr  # for a caller in this process
+        sys.stdout, sys.stderr = stdout, stderr  # for a caller in this process
 
 
 def run_command(argv: list[str] | None) -> int:
@@ -645,13 +646,20 @@ def run_command(argv: list[str] | None) -> int:
             if tree is not None or args.show_tree:
                 raise ValueError("token trees decode one prompt at a time: drop --tree (or --show-tree) with "
                                  "--prompts-file")
-            return run_file(args, sampling, read_prompts_file(args.prompts_file))
-        return run(args, sampling, tree, read_prompt(args))
+            code = run_file(args, sampling, read_prompts_file(args.prompts_file))
+        else:
+            code = run(args, sampling, tree, read_prompt(args))
+        sys.stdout.flush()  # here, where a failed write is caught, not as Python exits
+        return code
     except KeyboardInterrupt:  # before generation started (loading, downloading)
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # stdout closed early, e.g. `| head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_UNEXPECTED
+    except OutputError as e:  # the text cannot be shown: no input was at fault
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is left goes nowhere as Python exits
+        print(f"error: {e}", file=sys.stderr)
         return EXIT_UNEXPECTED
     except (ValueError, OSError) as e:  # the product's user errors say how to fix them
         if args.debug:

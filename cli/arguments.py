@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +26,11 @@ DEFAULT_TREE = "2,2"  # spec_decoding.tree.DEFAULT_TREE (not imported here: --he
 GAMMA_SCHEDULES = ("auto", "heuristic")  # --gamma by name (spec_decoding/schedule.py)
 NGRAM_DRAFT = "ngram"  # --draft ngram: prompt lookup, no draft model
 DEFAULT_NGRAM = 3
+
+# No prompt this long fits a context window (GPT-2's 1024 tokens are some KB of text): reading stops there, so that
+# `-p - < /dev/zero` is an error, not a process that fills the memory.
+MAX_PROMPT_BYTES = 4 * 2**20
+MAX_PROMPTS_FILE_BYTES = 256 * 2**20  # --prompts-file as a whole: a pipe may never end
 
 # The library names a sampling setting by its argument; the user knows it by its flag.
 SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
@@ -305,22 +311,48 @@ def unicode_text(text: str, what: str) -> str:
     return text
 
 
+def from_command_line(text: str) -> str:
+    """An argument as typed: where Python's locale is not UTF-8 (a C locale with PYTHONUTF8=0), it decodes an
+    argument's UTF-8 bytes wrongly, each to a lone surrogate; those bytes, read as UTF-8, are the text. An
+    argument that is not UTF-8 comes back as it was, for `unicode_text` to refuse."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        try:
+            return os.fsencode(text).decode("utf-8")  # the bytes Python was given
+        except UnicodeError:
+            return text
+
+
 def read_prompt(args: argparse.Namespace) -> str:
     """The prompt text: --prompt (by default GPT-2's unicorn prompt), or stdin
-    for '-'. Raises ValueError if empty or not UTF-8 text."""
+    for '-'. Raises ValueError if empty, not UTF-8 text, over
+    MAX_PROMPT_BYTES or unreadable."""
     if args.prompt is None:
         return DEFAULT_PROMPT
     if args.prompt != "-":
         if args.prompt == "":
             raise ValueError("the prompt is empty: pass some text with --prompt, or '-p -' to read it from stdin")
-        return unicode_text(args.prompt, "the --prompt text")
+        return unicode_text(from_command_line(args.prompt), "the --prompt text")
     if sys.stdin is None:  # started with stdin closed
         raise ValueError("'-p -' reads the prompt from stdin, but stdin is closed: pipe some text in, or pass it "
                          "with --prompt")
     if sys.stdin.isatty():
         print("reading the prompt from stdin; end it with Ctrl-D", file=sys.stderr)
+    buffer = getattr(sys.stdin, "buffer", None)  # the bytes, UTF-8 whatever the locale or PYTHONIOENCODING says
     try:
-        text = unicode_text(sys.stdin.read(), "the prompt read from stdin")
+        text = buffer.read(MAX_PROMPT_BYTES + 1) if buffer is not None else sys.stdin.read(MAX_PROMPT_BYTES + 1)
+    except OSError as e:
+        raise ValueError(f"the prompt cannot be read from stdin ({e.strerror or e}): pipe some text in, or pass it "
+                         "with --prompt") from None
+    if len(text) > MAX_PROMPT_BYTES:
+        raise ValueError(f"the prompt read from stdin is over {MAX_PROMPT_BYTES // 2**20} MiB, far more than a "
+                         "context window holds (GPT-2's: 1024 tokens): pipe in a shorter text")
+    try:
+        text = unicode_text(text.decode("utf-8") if buffer is not None else text, "the prompt read from stdin")
+        if buffer is not None and os.name == "nt":
+            text = text.replace("\r\n", "\n")  # as Python's stdin reads text there
     except UnicodeDecodeError:
         raise ValueError("the prompt read from stdin is not UTF-8 text: save or type it as UTF-8") from None
     text = text.removeprefix("\ufeff")  # a byte-order mark (Windows editors write one), as --prompts-file drops it
@@ -341,27 +373,39 @@ def read_prompts_file(path: str) -> list[tuple[int, str]]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: an empty path, a folder or a device, not UTF-8 text, an
-            empty file, an empty line, a JSON line without a "prompt" string
-            (the message names the line).
+        ValueError: an empty path, a folder or a device, a file that cannot
+            be read or is over MAX_PROMPTS_FILE_BYTES, not UTF-8 text, an
+            empty file, an empty line or one over MAX_PROMPT_BYTES, a JSON
+            line without a "prompt" string (the message names the line).
     """
     if not path.strip():
         raise ValueError("--prompts-file is empty: give a text file with one prompt per line")
     file = Path(path)
-    if file.is_dir():
-        raise ValueError(f"--prompts-file {path} is a folder: give a text file with one prompt per line")
-    if not file.exists():
-        raise FileNotFoundError(f"--prompts-file {path}: no such file")
-    if not (file.is_file() or file.is_fifo()):  # a device: /dev/zero would be read forever
-        raise ValueError(f"--prompts-file {path} is not a file: give a text file with one prompt per line")
     try:
-        text = file.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark (Windows editors write one) is dropped
+        if file.is_dir():
+            raise ValueError(f"--prompts-file {path} is a folder: give a text file with one prompt per line")
+        if not file.exists():
+            raise FileNotFoundError(f"--prompts-file {path}: no such file")
+        if not (file.is_file() or file.is_fifo()):  # a device: /dev/zero would be read forever
+            raise ValueError(f"--prompts-file {path} is not a file: give a text file with one prompt per line")
+        with file.open("rb") as f:
+            raw = f.read(MAX_PROMPTS_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # no permission, a name too long, a file the system cannot read
+        raise ValueError(f"--prompts-file {path} cannot be read ({e.strerror or e}): give a text file you can "
+                         "read") from None
+    if len(raw) > MAX_PROMPTS_FILE_BYTES:
+        raise ValueError(f"--prompts-file {path} is over {MAX_PROMPTS_FILE_BYTES // 2**20} MiB: split it, and "
+                         "decode the parts one after another")
+    try:
+        text = raw.decode("utf-8-sig")  # -sig: a byte-order mark (Windows editors write one) is dropped
+        text = text.replace("\r\n", "\n").replace("\r", "\n")  # every system's line ends, as open() reads text
     except UnicodeDecodeError:
         raise ValueError(f"--prompts-file {path} is not UTF-8 text") from None
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()  # the file's final newline ends the last line
-    lines = [line.removesuffix("\r") for line in lines]
     if not lines:
         raise ValueError(f"--prompts-file {path} is empty: write one prompt per line")
     json_lines = lines[0].lstrip().startswith("{")
@@ -372,12 +416,17 @@ def read_prompts_file(path: str) -> list[tuple[int, str]]:
             raise ValueError(f"line {number} of {path} is {what}: write one prompt on every line"
                              + ('' if not line or json_lines else ' (a prompt of spaces only: as JSON Lines, '
                                 '{"prompt": " "})'))
+        if len(line) > MAX_PROMPT_BYTES:  # characters: at least as many bytes
+            raise ValueError(f"line {number} of {path} is over {MAX_PROMPT_BYTES // 2**20} MiB, far more than a "
+                             "context window holds (GPT-2's: 1024 tokens): write one prompt per line")
         prompt = line
         if json_lines:
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f'line {number} of {path} is not JSON ({e.msg}): write {{"prompt": "..."}}') from None
+            except (ValueError, RecursionError) as e:  # JSONDecodeError; arrays nested too deep; a huge integer
+                why = e.msg if isinstance(e, json.JSONDecodeError) else (
+                    "nested too deeply" if isinstance(e, RecursionError) else "a number of too many digits")
+                raise ValueError(f'line {number} of {path} is not JSON ({why}): write {{"prompt": "..."}}') from None
             prompt = record.get("prompt") if isinstance(record, dict) else None
             if not isinstance(prompt, str) or not prompt:
                 raise ValueError(f'line {number} of {path} has no "prompt" text: write {{"prompt": "..."}}')

@@ -1,7 +1,8 @@
 """Streaming the committed tokens of a speculative decoding run as text, in
 colour on a terminal: green for drafted tokens the target accepted, yellow for
 tokens the target chose itself (a correction or a bonus token). And
-`Unfailing`, the stderr of progress lines that a failed write does not stop."""
+`Unfailing`, the stderr of progress lines that a failed write does not stop;
+`Checked`, the stdout whose failed write is not mistaken for bad input."""
 
 from __future__ import annotations
 
@@ -81,6 +82,39 @@ class Unfailing:
             self.stream.flush()
         except (OSError, ValueError):
             pass
+
+    def __getattr__(self, name: str):
+        if "stream" not in self.__dict__:  # a copy being made: no stream yet
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
+
+class OutputError(Exception):
+    """Standard output cannot be written (a full disk, a descriptor open only for reading): the run cannot show its
+    text, and no input was at fault."""
+
+
+class Checked:
+    """stdout, whose failed writes raise `OutputError` rather than an OSError, which the command reads as bad input
+    (exit code 2); a reader that left (`| head`, BrokenPipeError) stays the caller's to handle."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.checked(self.stream.write, text)
+
+    def flush(self) -> None:
+        self.checked(self.stream.flush)
+
+    def checked(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise OutputError(f"standard output cannot be written ({e.strerror or e}): send it to a file or a "
+                              "terminal that takes it") from None
 
     def __getattr__(self, name: str):
         if "stream" not in self.__dict__:  # a copy being made: no stream yet

@@ -36,6 +36,7 @@ import torch
 
 import gpt2
 import spec_decoding_generate as cli
+from cli.arguments import MAX_PROMPT_BYTES
 from cli.report import print_comparison
 from cli.stream import ACCEPTED_STYLE, TARGET_STYLE, TokenStream, Unfailing
 from gpt2 import GPT2Config, generate, load_model, load_tokenizer
@@ -875,6 +876,45 @@ def test_a_prompt_from_stdin_that_is_not_utf8_in_a_real_process_under_the_c_loca
         "text: save or type it as UTF-8\n", result.stderr.decode()
 
 
+@pytest.mark.parametrize("locale, args", [({"PYTHONIOENCODING": "latin-1"}, ["-p", "-"]),
+                                          ({"LC_ALL": "C", "PYTHONUTF8": "0"}, ["-p", "-"]),
+                                          ({"LC_ALL": "C", "PYTHONUTF8": "0"}, ["-p", "café"])],
+                         ids=["stdin-latin-1", "stdin-c-locale", "argument-c-locale"])
+def test_a_utf8_prompt_under_a_locale_that_is_not_utf8(tmp_path, folders, locale, args):
+    # Python decodes stdin and the command line with the locale's encoding (stdin: PYTHONIOENCODING's): "café"
+    # became "cafÃ©" under latin-1, and under a C locale without UTF-8 mode it was refused as not UTF-8.
+    env = cli_env(tmp_path) | locale
+    if "PYTHONIOENCODING" not in locale:
+        env.pop("PYTHONIOENCODING")
+    result = subprocess.run([sys.executable, str(SCRIPT), *ON_CPU, *local_models(folders), "--max-gen", "1",
+                             "--json", *args], cwd=REPO_ROOT, env=env, input="café\n".encode(), capture_output=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    assert json.loads(result.stdout)["prompt"] == "café"
+
+
+def test_a_prompt_from_stdin_too_long_for_any_context_window(capsys, monkeypatch):
+    # `-p - < /dev/zero` filled the memory: reading stops after MAX_PROMPT_BYTES.
+    stdin = io.TextIOWrapper(io.BytesIO(b"a" * (MAX_PROMPT_BYTES + 1)), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert_bad_input(run_main(capsys, "-p", "-"), "the prompt read from stdin is over 4 MiB, far more than a "
+                     "context window holds (GPT-2's: 1024 tokens): pipe in a shorter text")
+    assert stdin.buffer.tell() == MAX_PROMPT_BYTES + 1, "read no further than the limit"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux has one)")
+def test_output_that_cannot_be_written_is_not_bad_input(tmp_path, folders):
+    # It said "error: [Errno 28] No space left on device" with exit code 2, bad input.
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, str(SCRIPT), *ON_CPU, *local_models(folders), "-p", "Hello"],
+                                cwd=REPO_ROOT, env=cli_env(tmp_path), stdout=full, stderr=subprocess.PIPE,
+                                text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.splitlines()[-1] == (
+        "error: standard output cannot be written (No space left on device): send it to a file or a terminal that "
+        "takes it")
+
+
 def test_a_bad_value_in_a_real_process_is_one_line_and_exit_code_2(tmp_path):
     assert_bad_input(run_cli(tmp_path, "--top-k", "-3"), "--top-k must be an integer >= 1")
 
@@ -1245,6 +1285,30 @@ def test_a_prompts_file_that_starts_with_a_byte_order_mark(tmp_path, content):
     path = tmp_path / "prompts.txt"
     path.write_bytes(b"\xef\xbb\xbf" + content.encode())  # UTF-8's byte-order mark, as Windows Notepad writes it
     assert cli.read_prompts_file(str(path)) == [(1, "Hello"), (2, "Once upon a time")]
+
+
+@pytest.mark.parametrize("line, why", [('{"prompt": "x", "a": ' + "[" * 10**5 + "]" * 10**5 + "}", "nested too deeply"),
+                                       ('{"prompt": "x", "a": ' + "1" * 5000 + "}", "a number of too many digits")],
+                         ids=["deep", "long-number"])
+def test_a_json_line_that_python_cannot_read(tmp_path, capsys, line, why):
+    # A RecursionError was an "unexpected" error with exit code 1; a 5000-digit number said to call
+    # sys.set_int_max_str_digits().
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(line + "\n", encoding="utf-8")
+    assert_bad_input(run_main(capsys, "--prompts-file", str(path)),
+                     f'line 1 of {path} is not JSON ({why}): write {{"prompt": "..."}}')
+
+
+def test_a_prompts_file_that_cannot_be_read(tmp_path, capsys):
+    path = str(tmp_path / ("x" * 300))  # past any file system's longest name
+    assert_bad_input(run_main(capsys, "--prompts-file", path),
+                     f"--prompts-file {path} cannot be read (File name too long): give a text file you can read")
+
+
+def test_a_prompts_file_line_too_long_for_any_context_window(tmp_path, capsys):
+    path = tmp_path / "prompts.txt"
+    path.write_text("Hello\n" + "a" * (MAX_PROMPT_BYTES + 1) + "\n", encoding="utf-8")
+    assert_bad_input(run_main(capsys, "--prompts-file", str(path)), f"line 2 of {path} is over 4 MiB")
 
 
 def test_a_config_json_with_a_field_of_the_wrong_kind(tmp_path, capsys, folders):
