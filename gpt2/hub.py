@@ -278,7 +278,8 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
     if weights_dir is not None and str(weights_dir).strip() == "":
         raise ValueError("weights_dir is empty: pass the folder for downloads, or None for the repository's weights/")
     if weights_dir is not None:
-        weights_dir = expand_home(str(weights_dir))  # as huggingface_hub does with it: both see one folder
+        weights_dir = expand_home(str(weights_dir), "the downloads folder (weights_dir)", "give a folder you can "
+                                  "write to")  # as huggingface_hub does with it: both see one folder
     folder = expand_home(text)
     if is_model_folder(folder):
         return folder
@@ -298,20 +299,21 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
     return download(text, weights_dir)
 
 
-def expand_home(text: str) -> Path:
+def expand_home(text: str, what: str = "model folder",
+                fix: str = "check the path, or pass a Hub repo id such as 'gpt2'") -> Path:
     """`text` as a path, with a leading ~ or ~user replaced by that home folder.
 
     Raises:
         FileNotFoundError: ~user names a user this machine does not have
-            (or there is no home folder at all).
+            (or there is no home folder at all); the message calls the path
+            `what` and says `fix`.
     """
     try:
         return Path(text).expanduser()
     except RuntimeError:  # pathlib's "Could not determine home directory"
         home = text.split("/", 1)[0]
         raise FileNotFoundError(
-            f"model folder {text} does not exist: '{home}' names no home folder on this machine; "
-            "check the path, or pass a Hub repo id such as 'gpt2'"
+            f"{what} {text} does not exist: '{home}' names no home folder on this machine; {fix}"
         ) from None
 
 

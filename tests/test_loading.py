@@ -413,6 +413,14 @@ def test_empty_source_raises_value_error():
         load_model("")
 
 
+def test_a_weights_dir_under_a_home_folder_that_does_not_exist_is_named_as_the_downloads_folder(no_hub):
+    # It said "model folder ~no-such-user-for-gpt2-tests/w does not exist", of the folder for downloads.
+    with pytest.raises(FileNotFoundError, match=r"^the downloads folder \(weights_dir\) ~no-such-user-for-gpt2-tests/w "
+                       "does not exist: '~no-such-user-for-gpt2-tests' names no home folder on this machine; give a "
+                       "folder you can write to$"):
+        load_model("gpt2", weights_dir="~no-such-user-for-gpt2-tests/w")
+
+
 NOT_A_HUB_ID = "is neither a local folder with config.json nor a valid Hub id such as 'gpt2'"
 
 
