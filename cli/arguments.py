@@ -22,6 +22,7 @@ DEFAULT_PROMPT = (
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEFAULT_GAMMA = 4
+DEFAULT_BATCH_SIZE = 8  # prompts of --prompts-file decoded together
 DEFAULT_TREE = "2,2"  # spec_decoding.tree.DEFAULT_TREE (not imported here: --help answers without torch)
 GAMMA_SCHEDULES = ("auto", "heuristic")  # --gamma by name (spec_decoding/schedule.py)
 NGRAM_DRAFT = "ngram"  # --draft ngram: prompt lookup, no draft model
@@ -70,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         "per prompt in input order (with --json, one JSON object per prompt, one per line)",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=8,
-        help="with --prompts-file, how many prompts are decoded together in one batch, >= 1 (default: 8). "
+        "--batch-size", type=int, default=None,
+        help=f"with --prompts-file, how many prompts are decoded together in one batch, >= 1 (default: "
+        f"{DEFAULT_BATCH_SIZE}). "
         "Prompt i of the file (from 0) samples with seed --seed + i, so its text does not depend on the batch",
     )
     parser.add_argument(
@@ -200,7 +202,11 @@ def check_settings(args: argparse.Namespace):
             raise ValueError(f"--gamma must be an integer >= 1, 'auto' or 'heuristic', got {args.gamma}") from None
     check_drafter(args)
     check_integer(args.max_gen, "--max-gen", 1)
-    check_integer(args.batch_size, "--batch-size", 1)
+    if args.batch_size is not None and args.prompts_file is None:
+        raise ValueError("--batch-size is how many prompts of --prompts-file are decoded together: add "
+                         "--prompts-file, or leave out --batch-size")
+    args.batch_size = check_integer(DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size,
+                                    "--batch-size", 1)
     if args.weights_dir is not None and not args.weights_dir.strip():
         raise ValueError("--weights-dir is empty: give the folder for downloads, or leave it out for weights/")
     if args.prompts_file is not None and args.prompt is not None:

@@ -824,6 +824,8 @@ def test_compare_report_blames_the_prefill_only_where_it_can_close_the_gap(folde
         (["--tree-nodes", "x"], "argument --tree-nodes: invalid int value: 'x'"),
         (["--tree", "2,1", "--tree-nodes", "4", "--tree-depth", "2"], "give --tree (a fixed shape) or --tree-nodes"),
         (["--tree", "2,1", "--gamma", "3"], "give --gamma (a chain of drafted tokens) or a tree"),
+        (["--batch-size", "4"], "--batch-size is how many prompts of --prompts-file are decoded together: add "
+                                "--prompts-file, or leave out --batch-size"),
     ],
     ids=["gamma-0", "gamma-negative", "gamma-abc", "gamma-bool", "gamma-float", "gamma-Auto", "ngram-0",
          "ngram-without-ngram-draft", "ngram-draft-quantize", "ngram-p-min", "p-min-1.5", "auto-tree", "ngram-tree",
@@ -831,7 +833,8 @@ def test_compare_report_blames_the_prefill_only_where_it_can_close_the_gap(folde
          "inf-temperature", "top-p-0", "top-p-1.5", "top-p-nan", "top-k-0", "weights-dir-blank",
          "top-k-bool", "seed-float", "empty-prompt",
          "unknown-device", "tree-0", "tree-text", "tree-empty", "tree-nodes-alone", "tree-depth-alone",
-         "tree-nodes-0", "tree-too-deep", "tree-nodes-text", "tree-and-dynamic", "tree-and-gamma"],
+         "tree-nodes-0", "tree-too-deep", "tree-nodes-text", "tree-and-dynamic", "tree-and-gamma",
+         "batch-size-without-file"],
 )
 def test_bad_settings(capsys, args, message):
     assert_bad_input(run_main(capsys, *args), message)
