@@ -180,7 +180,9 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
 
     t_load = time.perf_counter()
     if tree is not None:
-        draft_length = ("--tree-depth" if args.tree_nodes is not None else "the depth of --tree", tree.max_depth)
+        name = "the depth of --tree" if tree.is_static else (
+            f"--tree-nodes {tree.nodes} --tree-depth {tree.depth} (levels of {tree.width}): the depth reached")
+        draft_length = (name, tree.max_depth)
     else:
         draft_length = None if isinstance(args.gamma, str) else ("--gamma", args.gamma)
     draft, target, tokenizer, (prompt_ids,), folders = load_everything(
@@ -204,7 +206,8 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if out is not None:
         report.print_header(
-            draft=drafter_name, target=args.target, gamma=args.gamma, tree=tree, max_gen=args.max_gen,
+            draft=drafter_name, target=args.target, gamma=args.gamma, tree=tree, target_n_ctx=target.config.n_ctx,
+            max_gen=args.max_gen,
             decoding=report.describe_decoding(sampling, args.seed), device=device, dtype=dtype, quantize=quantize,
             color=color,
         )

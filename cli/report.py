@@ -61,16 +61,19 @@ def describe_gamma(gamma: int | str) -> str:
 
 
 def print_header(
-    *, draft: str, target: str, gamma: int | str | None, tree=None, max_gen: int, decoding: str, device, dtype,
-    quantize: str | None, color: bool,
+    *, draft: str, target: str, gamma: int | str | None, tree=None, target_n_ctx: int | None = None, max_gen: int,
+    decoding: str, device, dtype, quantize: str | None, color: bool,
 ) -> None:
     """`draft`: how the drafter is named (`describe_drafter`); `tree`: the
-    TreeShape drafted instead of a chain of `gamma` tokens, or None."""
+    TreeShape drafted instead of a chain of `gamma` tokens, or None, of which
+    the target's window (`target_n_ctx`) holds at most n_ctx - 1 tokens."""
     if tree is None:
         print(f"draft {draft} proposes {describe_gamma(gamma)}, target {target} verifies them")
     else:
-        print(f"draft {draft} proposes a token tree per step ({tree}: up to {tree.max_nodes} tokens, "
-              f"{tree.max_depth} deep), target {target} verifies it in one pass")
+        nodes = min(tree.max_nodes, target_n_ctx - 1)
+        print(f"draft {draft} proposes a token tree per step ({tree}: up to {nodes} tokens"
+              f"{' (what the window holds)' if nodes < tree.max_nodes else ''}, {tree.max_depth} deep), target "
+              f"{target} verifies it in one pass")
     weights = f", {quantize} weights (the output is the {quantize} target's)" if quantize else ""
     print(f"{decoding}, up to {max_gen} new tokens, {device} {str(dtype).removeprefix('torch.')}{weights}")
     if color:

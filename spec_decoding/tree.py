@@ -159,9 +159,14 @@ class TreeShape:
         if self.branching is not None:
             if self.nodes is not None or self.depth is not None:
                 raise ValueError("a tree shape is static (branching) or dynamic (nodes and depth), not both")
-            if not self.branching:
-                raise ValueError("a tree's branching needs one number per depth, such as 3,2,1,1")
-            branching = tuple(check_integer(b, "every tree branching (children per node)", 1) for b in self.branching)
+            try:
+                branching = () if isinstance(self.branching, (str, bytes)) else tuple(self.branching)
+            except TypeError:  # not a sequence: branching=2
+                branching = ()
+            if not branching:
+                raise ValueError(f"a tree's branching needs one number per depth, such as (3, 2, 1, 1) "
+                                 f"(TreeShape.parse reads '3,2,1,1'); got {self.branching!r}")
+            branching = tuple(check_integer(b, "every tree branching (children per node)", 1) for b in branching)
             object.__setattr__(self, "branching", branching)
         else:
             object.__setattr__(self, "nodes", check_integer(self.nodes, "a dynamic tree's nodes", 1))

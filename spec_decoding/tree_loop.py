@@ -105,8 +105,9 @@ def tree_speculative_generate(
     S = T
     if stats is None:
         stats = SpecStats(depth, tree=str(shape))
-    if not (isinstance(stats, SpecStats) and stats.gamma == depth and stats.target_calls == 0):
-        raise ValueError(f"stats must be a fresh SpecStats({depth}, tree=...) (the tree's depth)")
+    if not (isinstance(stats, SpecStats) and stats.gamma == depth and stats.tree == str(shape)
+            and stats.target_calls == 0):
+        raise ValueError(f"stats must be a fresh SpecStats({depth}, tree={str(shape)!r}) (the tree's depth and shape)")
 
     # Prefill: both caches take every prompt token but the last (the pending one, the first root).
     target_cache = target.new_cache(1)

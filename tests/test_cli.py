@@ -416,6 +416,15 @@ def test_a_tree_gives_the_targets_own_output_and_its_stats(capsys, folders, sing
     assert "step 1:" not in result.stderr, "no drawings unless asked"
 
 
+def test_the_header_counts_the_tree_tokens_the_window_holds(capsys, folders, single_thread):
+    # It said "up to 200 tokens" on a window of 128; a shape of over 10^4300 tokens failed on printing the number.
+    for shape, header in (("200", "(200: up to 127 tokens (what the window holds), 1 deep)"),
+                          (",".join(["9" * 35] * 127), "up to 127 tokens (what the window holds), 127 deep)")):
+        result = run_main(capsys, *local_models(folders), "--tree", shape, "--max-gen", "2")
+        assert_ok(result)
+        assert header in result.stdout, result.stdout
+
+
 def test_tree_alone_drafts_the_default_shape(capsys, folders, single_thread):
     from cli.arguments import DEFAULT_TREE
     from spec_decoding.tree import DEFAULT_TREE as LIBRARY_DEFAULT_TREE
@@ -1243,11 +1252,16 @@ def test_a_missing_prompts_file(tmp_path, capsys):
     [
         (["--gamma", "99999999999999999999"], "--gamma is 99999999999999999999"),
         (["--gamma", "1000000000", "--show-tree"], "--gamma is 1000000000"),
-        (["--tree-nodes", "1000000000", "--tree-depth", "1000000000"], "--tree-depth is 1000000000"),
+        (["--tree-nodes", "1000000000", "--tree-depth", "1000000000"],
+         "--tree-nodes 1000000000 --tree-depth 1000000000 (levels of 1): the depth reached is 1000000000"),
+        # It said "--tree-depth is 250", a depth never given: 1000 nodes in levels of 4 reach 250 levels.
+        (["--tree-nodes", "1000", "--tree-depth", "300"],
+         "--tree-nodes 1000 --tree-depth 300 (levels of 4): the depth reached is 250"),
         (["--tree", ",".join(["1"] * 300)], "the depth of --tree is 300"),
         (["--temperature", "1", "--top-p", "1e-300", "--gamma", "3"], None),
     ],
-    ids=["gamma-huge", "gamma-huge-show-tree", "tree-depth-huge", "tree-too-deep", "top-p-below-float32"],
+    ids=["gamma-huge", "gamma-huge-show-tree", "tree-depth-huge", "dynamic-tree-too-deep", "tree-too-deep",
+         "top-p-below-float32"],
 )
 def test_draft_lengths_the_window_cannot_hold_and_a_top_p_below_float32(capsys, folders, single_thread, args, message):
     # A draft length is checked against the target's window before the weights are read (and before

@@ -139,6 +139,12 @@ def test_bad_tree_shapes_say_how_to_fix_them():
         TreeShape(nodes=4)
     with pytest.raises(ValueError, match="give depth <= nodes"):
         TreeShape(nodes=2, depth=3)
+    # Not a sequence: a TypeError from `not 2`, a RuntimeError from a tensor's truth
+    for branching in (2, "2,2", (), torch.tensor(2)):
+        with pytest.raises(ValueError, match=r"a tree's branching needs one number per depth, such as \(3, 2, 1, 1\) "
+                           r"\(TreeShape.parse reads '3,2,1,1'\); got"):
+            TreeShape(branching=branching)
+    assert TreeShape(branching=torch.tensor([2, 1])).branching == (2, 1)
 
 
 # ---------------------------------------------------------------------------

@@ -337,7 +337,10 @@ def test_the_simulated_tree_drafter_refuses_bad_settings(models):
         ({"tree": (2, 1)}, "tree must be a TreeShape or text"),
         ({}, r"give gamma \(tokens drafted per step.*\) or tree"),
         ({"tree": TreeShape(nodes=10**8, depth=10**8)}, "the tree's depth is 100000000, more tokens than the target"),
-        ({"tree": "2,1", "stats": SpecStats(3)}, r"stats must be a fresh SpecStats\(2, tree=...\)"),
+        ({"tree": "2,1", "stats": SpecStats(3)}, r"stats must be a fresh SpecStats\(2, tree='2,1'\)"),
+        # SpecStats(2) without the tree ran, and counted the tree's steps as a chain's
+        ({"tree": "2,1", "stats": SpecStats(2)}, r"stats must be a fresh SpecStats\(2, tree='2,1'\) \(the tree's "
+                                                 r"depth and shape\)"),
         ({"tree": "2,1", "on_step": "print"}, "on_step must be a function"),
         ({"tree": "2,1", "draft": NgramDrafter(3)}, "a token tree is drafted by a model: .*: NgramDrafter drafts "
                                                     "chains, give gamma"),
