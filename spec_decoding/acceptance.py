@@ -47,6 +47,33 @@ class Verdict:
         return [*self.accepted, self.next_token]
 
 
+def check_draft_tokens(draft_tokens: torch.Tensor) -> int:
+    """K, the number of drafted tokens, or a ValueError unless `draft_tokens`
+    is a (K,) tensor of integer ids. (Their range is the caller's: the
+    decoding loops check every draft, `spec_decoding.drafters.check_draft`.)"""
+    if not (isinstance(draft_tokens, torch.Tensor) and draft_tokens.dim() == 1 and not draft_tokens.is_floating_point()
+            and not draft_tokens.is_complex() and draft_tokens.dtype != torch.bool):
+        got = tuple(draft_tokens.shape) if isinstance(draft_tokens, torch.Tensor) else type(draft_tokens).__name__
+        raise ValueError(f"draft_tokens must be a (K,) tensor of token ids, got {got}")
+    return draft_tokens.numel()
+
+
+def check_shapes(target: torch.Tensor, rows: int, what: str, draft_probs: torch.Tensor | None = None,
+                 draft_rows: int = 0, uniforms: torch.Tensor | None = None, draws: int = 0) -> None:
+    """Raises a ValueError unless `target` is (rows, V) scores, `draft_probs`
+    (draft_rows, V) and `uniforms` (draws,): these functions are public, and
+    called directly a wrong shape would index or broadcast its way to a wrong
+    verdict."""
+    if not (isinstance(target, torch.Tensor) and target.dim() == 2 and target.size(0) == rows):
+        got = tuple(target.shape) if isinstance(target, torch.Tensor) else type(target).__name__
+        raise ValueError(f"need ({rows}, V) target scores for {what}, got {got}")
+    if draft_probs is not None and tuple(draft_probs.shape) != (draft_rows, target.size(1)):
+        raise ValueError(f"need ({draft_rows}, {target.size(1)}) draft probabilities for {what} (the target's V), "
+                         f"got {tuple(draft_probs.shape)}")
+    if uniforms is not None and tuple(uniforms.shape) != (draws,):
+        raise ValueError(f"need ({draws},) uniforms for {what}, one per drafted token, got {tuple(uniforms.shape)}")
+
+
 def count_leading_true(flags: torch.Tensor) -> int:
     """The length of the all-True prefix of a (K,) bool tensor (one host sync)."""
     return int(flags.to(torch.int64).cumprod(dim=0).sum())  # (K,) -> ()
@@ -68,10 +95,8 @@ def speculative_sampling_greedy(target_logits: torch.Tensor, draft_tokens: torch
     Returns:
         The Verdict.
     """
-    K = draft_tokens.numel()
-    assert target_logits.dim() == 2 and target_logits.size(0) == K + 1, (
-        f"need ({K + 1}, V) target logits for {K} drafted tokens, got {tuple(target_logits.shape)}"
-    )
+    K = check_draft_tokens(draft_tokens)
+    check_shapes(target_logits, K + 1, f"{K} drafted tokens")
     target_choice = target_logits.argmax(dim=-1)  # (K + 1, V) -> (K + 1,)
     n = count_leading_true(draft_tokens == target_choice[:K])  # (K,) == (K,)
     return Verdict(accepted=tuple(draft_tokens[:n].tolist()), next_token=int(target_choice[n]))
@@ -127,11 +152,8 @@ def speculative_sampling(
     Returns:
         The Verdict.
     """
-    K = draft_tokens.numel()
-    assert target_probs.size(0) == K + 1 and draft_probs.size(0) == K, (
-        f"need ({K + 1}, V) target and ({K}, V) draft probabilities, got "
-        f"{tuple(target_probs.shape)} and {tuple(draft_probs.shape)}"
-    )
+    K = check_draft_tokens(draft_tokens)
+    check_shapes(target_probs, K + 1, f"{K} drafted tokens", draft_probs, K, uniforms, K)
     rows = torch.arange(K, device=draft_tokens.device)  # (K,)
     p_target_of_draft = target_probs[rows, draft_tokens]  # (K + 1, V) gather -> (K,)
     p_draft_of_draft = draft_probs[rows, draft_tokens]  # (K, V) gather -> (K,)

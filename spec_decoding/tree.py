@@ -39,8 +39,8 @@ class TokenTree:
 
     def __post_init__(self) -> None:
         """Takes the ids and indices as Python ints (a 0-d tensor hashes by identity: two equal siblings would look
-        distinct). Raises a ValueError unless they are integers, with a root and one parent per node, each before
-        its node."""
+        distinct). Raises a ValueError unless they are integers, ids >= 0, with a root and one parent per node,
+        each before its node."""
         try:  # operator.index: ints, numpy and 0-d tensor integers; not floats
             object.__setattr__(self, "tokens", tuple(map(operator.index, self.tokens)))
             object.__setattr__(self, "parents", tuple(map(operator.index, self.parents)))
@@ -53,6 +53,8 @@ class TokenTree:
         if self.parents[0] != -1 or not all(0 <= p < i for i, p in enumerate(self.parents) if i):
             raise ValueError(f"parents must be -1 for the root (node 0), then each node's parent an earlier "
                              f"node: {self.parents}")
+        if min(self.tokens) < 0:  # as an index, -1 would read the last token's probability
+            raise ValueError(f"a tree's tokens are ids >= 0, got {min(self.tokens)}")
 
     @property
     def size(self) -> int:

@@ -22,7 +22,7 @@ import torch
 
 from gpt2.sampling import sample
 
-from .acceptance import Verdict, residual_distribution
+from .acceptance import Verdict, check_shapes, residual_distribution
 from .tree import TokenTree
 
 
@@ -64,9 +64,7 @@ def tree_greedy(target_logits: torch.Tensor, tree: TokenTree) -> TreeVerdict:
     Returns:
         The TreeVerdict.
     """
-    assert target_logits.dim() == 2 and target_logits.size(0) == tree.size, (
-        f"need ({tree.size}, V) target logits for a tree of {tree.size} nodes, got {tuple(target_logits.shape)}"
-    )
+    check_shapes(target_logits, tree.size, f"a tree of {tree.size} nodes")
     target_choice = target_logits.argmax(dim=-1).tolist()  # (N, V) -> (N,)
     node, nodes = 0, []
     while True:
@@ -124,9 +122,7 @@ def tree_sampling(
         The TreeVerdict.
     """
     N = tree.size
-    assert target_probs.size(0) == N and draft_probs.size(0) == N, (
-        f"need ({N}, V) target and draft probabilities, got {tuple(target_probs.shape)} and {tuple(draft_probs.shape)}"
-    )
+    check_shapes(target_probs, N, f"a tree of {N} nodes", draft_probs, N, uniforms, N - 1)
     if uniforms is None:
         uniforms = torch.rand(N - 1, generator=generator, device=target_probs.device)  # (N - 1,)
     node, nodes = 0, []

@@ -81,8 +81,26 @@ def test_greedy_with_no_draft_is_a_plain_greedy_step():
 
 
 def test_greedy_rejects_logits_of_the_wrong_length():
-    with pytest.raises(AssertionError, match="target logits"):
+    with pytest.raises(ValueError, match=r"need \(4, V\) target scores for 3 drafted tokens, got \(3, 8\)"):
         speculative_sampling_greedy(torch.zeros(3, V), torch.tensor([1, 2, 3]))  # needs 4 rows
+
+
+@pytest.mark.parametrize("how, message", [
+    ({"draft_tokens": torch.tensor([[1, 2]])}, r"draft_tokens must be a \(K,\) tensor of token ids, got \(1, 2\)"),
+    ({"draft_tokens": [1, 2]}, r"draft_tokens must be a \(K,\) tensor of token ids, got list"),
+    ({"draft_tokens": torch.tensor([1.0, 2.0])}, r"draft_tokens must be a \(K,\) tensor of token ids"),
+    ({"draft_probs": torch.full((2, V - 1), 1 / (V - 1))},
+     rf"need \(2, {V}\) draft probabilities for 2 drafted tokens \(the target's V\), got \(2, {V - 1}\)"),
+    ({"uniforms": torch.zeros(1)}, r"need \(2,\) uniforms for 2 drafted tokens, one per drafted token, got \(1,\)"),
+    ({"target_probs": torch.full((2, V), 1 / V)}, r"need \(3, V\) target scores for 2 drafted tokens, got \(2, 8\)"),
+])
+def test_sampling_verification_refuses_shapes_that_would_broadcast_to_a_wrong_verdict(how, message):
+    # (1, K) tokens, a draft of another vocabulary, or one uniform for every position: each gave a verdict.
+    args = {"target_probs": torch.full((3, V), 1 / V), "draft_probs": torch.full((2, V), 1 / V),
+            "draft_tokens": torch.tensor([1, 2]), "uniforms": torch.zeros(2)} | how
+    with pytest.raises(ValueError, match=message):
+        speculative_sampling(args["target_probs"], args["draft_probs"], args["draft_tokens"],
+                             uniforms=args["uniforms"])
 
 
 # ---------------------------------------------------------------------------

@@ -82,6 +82,19 @@ def test_a_tree_takes_its_ids_as_ints_and_refuses_other_numbers():
     for tokens, parents in (((5, 7), (-1, 0.0)), ((5, 7.5), (-1, 0)), ((5, torch.tensor([7, 8])), (-1, 0))):
         with pytest.raises(ValueError, match="a tree's tokens and parents must be integers"):
             TokenTree(tokens, parents)
+    with pytest.raises(ValueError, match="a tree's tokens are ids >= 0, got -1"):
+        TokenTree((0, -1), (-1, 0))  # -1 read the last token's probability
+
+
+def test_tree_verification_refuses_scores_of_the_wrong_shape():
+    tree, V = TokenTree((0, 1, 2), (-1, 0, 0)), 5
+    p, q = torch.full((3, V), 1 / V), torch.full((3, V), 1 / V)
+    with pytest.raises(ValueError, match=r"need \(3, V\) target scores for a tree of 3 nodes, got \(2, 5\)"):
+        tree_greedy(torch.zeros(2, V), tree)
+    with pytest.raises(ValueError, match=r"need \(3, 5\) draft probabilities for a tree of 3 nodes \(the target's V\)"):
+        tree_sampling(p, q[:, :3], tree)
+    with pytest.raises(ValueError, match=r"need \(2,\) uniforms for a tree of 3 nodes"):
+        tree_sampling(p, q, tree, uniforms=torch.zeros(3))
 
 
 def test_a_tree_draws_itself_with_the_accepted_path_marked():
