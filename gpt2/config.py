@@ -176,7 +176,7 @@ PRESETS: dict[str, GPT2Config] = {
 def preset(name: str) -> GPT2Config:
     """The config of a published checkpoint, by its short name (`gpt2-large`) or
     Hub id (`openai-community/gpt2-large`, `distilbert/distilgpt2`)."""
-    short = name.rsplit("/", 1)[-1]
+    short = name.rsplit("/", 1)[-1] if isinstance(name, str) else None
     if short not in PRESETS:
         raise ValueError(f"no preset named '{name}'; choose one of {', '.join(PRESETS)}")
     return PRESETS[short]

@@ -58,22 +58,24 @@ def resolve_device(device: str | torch.device) -> torch.device:
     except RuntimeError:
         raise ValueError(f"unknown device '{name}': use auto, cpu, cuda, cuda:N or mps") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device '{name}' is not available: this PyTorch sees no CUDA GPU; use --device cpu")
+        raise ValueError(f"device '{name}' is not available: this PyTorch sees no CUDA GPU; use device 'cpu' "
+                         "(--device cpu)")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ValueError(f"device '{name}' does not exist: {torch.cuda.device_count()} CUDA device(s) found")
     if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError(f"device '{name}' is not available on this machine; use --device cpu")
+        raise ValueError(f"device '{name}' is not available on this machine; use device 'cpu' (--device cpu)")
     if dev.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"unsupported device '{name}': use auto, cpu, cuda or mps")
     return dev
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """Checks that `dtype` is one of float32/float16/bfloat16 and usable on `device`.
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
+    """Checks that `dtype` is one of float32/float16/bfloat16 and usable on `device` (a name: `resolve_device`).
 
     Raises:
         ValueError: unknown dtype, or one the device cannot compute in.
     """
+    device = device if isinstance(device, torch.device) else resolve_device(device)
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"unsupported dtype '{dtype}': choose float32, float16 or bfloat16")
@@ -365,6 +367,8 @@ def load_model(
     Raises:
         ValueError, FileNotFoundError: with a message that says how to fix it.
     """
+    if not isinstance(accelerate, bool):  # "False" would accelerate
+        raise ValueError(f"accelerate must be True or False, got {accelerate!r}")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     quantization = resolve_quantize(quantize, dev, dt)

@@ -106,6 +106,9 @@ class GPT2(nn.Module):
 
     def __init__(self, config: GPT2Config) -> None:
         super().__init__()
+        if not isinstance(config, GPT2Config):
+            raise ValueError(f"GPT2 takes a GPT2Config (preset('gpt2') for a shape), got {config!r}; for the "
+                             "weights, load_model('gpt2')")
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding, (V, C)
         self.wpe = nn.Embedding(config.n_ctx, config.n_embd)  # position embedding, (n_ctx, C)
@@ -222,6 +225,8 @@ def check_pass(model: GPT2, input_ids: torch.Tensor, cache: KVCache | None, mask
         raise ValueError("a pass with a KV cache is for inference (the cache is written in place, which autograd "
                          "cannot undo): run it under torch.no_grad(), or call the model without a cache for "
                          "gradients")
+    if cache is not None and not isinstance(cache, KVCache):
+        raise ValueError(f"cache must be a KVCache (model.new_cache()) or None, got {type(cache).__name__}")
     if cache is not None:
         L, rows, nh, _, hs = cache.k.shape  # (L, B, nh, S, hs)
         if (cache.k.dtype, cache.k.device) != (model.dtype, model.device):

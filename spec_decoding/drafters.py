@@ -203,6 +203,8 @@ class ModelDrafter(Drafter):
         """Caches `prefix`, (1, P) tokens (P may be 0). A prefix its window
         cannot hold is not cached: it could never draft after it (`max_draft`
         is 0), and the loop takes plain target steps."""
+        if (self.cache.k.dtype, self.cache.k.device) != (self.model.dtype, self.model.device):
+            self.cache = self.model.new_cache(1)  # the model has moved (.to()) since this drafter was made
         self.cache.rewind(0)
         if 0 < prefix.size(1) < self.n_ctx:
             self.model(prefix, self.cache, last_logits_only=True)

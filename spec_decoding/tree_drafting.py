@@ -123,6 +123,7 @@ class TreeDrafter:
     def prefill(self, prefix: torch.Tensor) -> None:
         """Starts a new sequence: caches `prefix`, (1, P) tokens."""
         self.chain.prefill(prefix)
+        self.cache = self.chain.cache  # a new one if the model has moved
 
     def max_depth(self, seq_len: int) -> int:
         """The deepest tree it can draft after `seq_len` tokens within its window."""

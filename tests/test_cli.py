@@ -999,8 +999,8 @@ def test_unavailable_device(capsys, folders):
         (["--quantize", "int8", "--dtype", "bfloat16"], "int8 weights are for the CPU in float32, not cpu bfloat16"),
         (["--draft-quantize", "int4"], "unknown quantisation 'int4': choose none or int8"),
         (["--draft-quantize", "int8", "--dtype", "bfloat16"],
-         "int8 weights are for the CPU in float32, not cpu bfloat16: use --device cpu --dtype float32, or leave out "
-         "--draft-quantize"),
+         "int8 weights are for the CPU in float32, not cpu bfloat16: use the CPU in float32 (device 'cpu', dtype "
+         "float32: --device cpu --dtype float32), or no int8 (quantize=None: leave out --draft-quantize)"),
     ],
     ids=["unknown", "bfloat16", "draft-unknown", "draft-bfloat16"],
 )

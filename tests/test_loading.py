@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from helpers import REPO_ROOT, TINY, hf_model_from_hub_state, hub_state_dict, make_hf_model, write_checkpoint
-from gpt2 import GPT2, GPT2Config, load_model
+from gpt2 import GPT2, GPT2Config, load_model, resolve_dtype
 from gpt2 import loading
 
 REPO_ID = "someorg/tiny-gpt2"
@@ -144,6 +144,17 @@ def test_load_model_accelerates_on_a_cpu_unless_told_not_to(folder, fast_kernels
     monkeypatch.setenv("GPT2_PLAIN_LINEAR", "1")
     readable = load_model(folder)
     assert readable.accelerator is None and "GPT2_PLAIN_LINEAR=1" in fast.status(readable)
+
+
+def test_load_model_takes_accelerate_as_a_bool_only(folder):
+    with pytest.raises(ValueError, match="accelerate must be True or False, got 'False'"):
+        load_model(folder, accelerate="False")  # a true string: it accelerated
+
+
+def test_resolve_dtype_takes_a_device_by_name_too():
+    assert resolve_dtype("float16", "cpu") == torch.float16  # an AttributeError on 'str'.type
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        resolve_dtype("float16", "gpu")
 
 
 def test_dtype_by_name_or_torch_dtype(folder):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpt2 import GPT2, PRESETS, GPT2Config, KVCache, fast, load_model
+from gpt2 import GPT2, PRESETS, GPT2Config, KVCache, fast, load_model, preset
 from gpt2.fast.accelerator import FastGPT2
 from helpers import TINY, hub_state_dict, make_hf_model, write_checkpoint
 
@@ -247,6 +247,7 @@ def test_a_forward_pass_it_cannot_run_raises_value_error(request, tiny, accelera
         f"input_ids holds token id {TINY.vocab_size}, outside this model's vocabulary 0..{TINY.vocab_size - 1}": (
             torch.full_like(ids, TINY.vocab_size), cache, None),
         "input_ids holds token id -1, outside": (torch.full_like(ids, -1), cache, None),
+        "cache must be a KVCache \\(model.new_cache\\(\\)\\) or None, got bool": (ids, True, None),  # was 'bool'.k
         # Row 1 sees only token 0: run as if it were token 0's position, silently, before the check.
         "the mask's diagonal over the new tokens must be True": (
             ids, cache, torch.tensor([[1, 0, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)),
@@ -255,6 +256,14 @@ def test_a_forward_pass_it_cannot_run_raises_value_error(request, tiny, accelera
         with pytest.raises(ValueError, match=message):
             model(input_ids, c, mask=mask)
     assert cache.lengths.tolist() == [3, 3]  # a refused pass writes nothing
+
+
+def test_a_model_and_a_preset_by_a_wrong_kind_of_name_say_what_to_give():
+    with pytest.raises(ValueError, match=r"GPT2 takes a GPT2Config \(preset\('gpt2'\) for a shape\), got 'gpt2'; "
+                       r"for the weights, load_model\('gpt2'\)"):
+        GPT2("gpt2")  # an AttributeError on 'str'.vocab_size
+    with pytest.raises(ValueError, match="no preset named 'None'"):
+        preset(None)
 
 
 def test_a_cached_pass_while_autograd_records_is_refused_and_an_uncached_one_has_gradients(tiny):

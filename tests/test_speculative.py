@@ -16,6 +16,8 @@ recomputed: each model's KV cache is reused across steps.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -313,6 +315,21 @@ def test_a_model_drafter_can_be_reused_across_runs(target, drafts):
     first, _ = sample_run(target, drafter, seed=5)
     again, _ = sample_run(target, drafter, seed=5)
     assert again == first == sample_run(target, drafts["perturbed"], seed=5)[0]
+
+
+@pytest.mark.parametrize("tree", [None, "2,1"])
+def test_a_drafter_kept_across_runs_follows_its_model_to_another_dtype(target, drafts, tree):
+    # Its cache was made once: after draft.to(bfloat16) a run failed with "the cache holds torch.float32 ... use
+    # model.new_cache()", a cache the caller cannot reach.
+    draft = copy.deepcopy(drafts["perturbed"])
+    kept = TreeDrafter(draft) if tree else ModelDrafter(draft)
+    how = {"tree": tree} if tree else {"gamma": 3}
+    speculative_generate(target, kept, prompt(), max_new_tokens=6, **how)
+    draft.to(torch.bfloat16)
+    again, _ = speculative_generate(target, kept, prompt(), max_new_tokens=6, **how)
+    fresh, _ = speculative_generate(target, TreeDrafter(draft) if tree else ModelDrafter(draft), prompt(),
+                                    max_new_tokens=6, **how)
+    assert torch.equal(again, fresh) and torch.equal(again, generate(target, prompt(), 6))
 
 
 @pytest.mark.parametrize("tree", [None, "2,1"])

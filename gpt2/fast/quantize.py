@@ -68,7 +68,8 @@ def resolve_quantize(quantize: str | None, device: torch.device, dtype: torch.dt
     if device.type != "cpu" or dtype != torch.float32:
         raise ValueError(
             f"int8 weights are for the CPU in float32, not {device.type} {str(dtype).removeprefix('torch.')}: "
-            "use --device cpu --dtype float32, or leave out --quantize (on a GPU, float16 is the fast option)"
+            "use the CPU in float32 (device 'cpu', dtype float32: --device cpu --dtype float32), or no int8 "
+            "(quantize=None: leave out --quantize); on a GPU, float16 is the fast option"
         )
     return quantize
 
