@@ -122,10 +122,13 @@ def results_dir(out: str | Path | None, prefix: str, *, create: bool = True) -> 
     except RuntimeError:  # pathlib's "Could not determine home directory"
         raise ValueError(f"--out {out}: '{str(out).split('/', 1)[0]}' names no home folder on this machine: "
                          "give a folder for the results") from None
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"--out {folder} is a file: give a folder for the results")
-    if not create:
+    try:
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"--out {folder} is a file: give a folder for the results")
         existing = next(p for p in [folder, *folder.parents] if p.exists())  # the root always exists
+    except OSError as e:  # a name too long, ...: pathlib's exists() passes on only a few errors
+        raise ValueError(f"--out {folder} cannot be used ({e.strerror or e}): give a folder you can write to") from None
+    if not create:
         if not existing.is_dir() or not os.access(existing, os.W_OK):
             raise ValueError(f"--out {folder} cannot be created ({existing} is not a folder you can write to): "
                              "give a folder you can write to")
@@ -351,11 +354,23 @@ class ArgumentParser(argparse.ArgumentParser):
         raise ValueError(f"{message} (see --help)")
 
 
+def writable(stream) -> bool:
+    """Whether `stream`'s file takes writes: a launcher that leaves a process's fd 2 open for reading only (a
+    shell wrapper of `python` under 2>&-) hands it a stderr whose first write fails."""
+    try:
+        os.write(stream.fileno(), b"")  # Linux checks the file's mode before the count
+    except (AttributeError, ValueError):  # no file behind it (a capture; io.UnsupportedOperation): it takes writes
+        return True
+    except OSError:
+        return False
+    return True
+
+
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Runs `main(argv)`; a user mistake (ValueError, FileNotFoundError) becomes one line on stderr and exit code 2,
     never a traceback; Ctrl-C exit code 130; a reader that closed stdout early (`| head`) exit code 141, as a
     SIGPIPE; characters stdout cannot encode (γ, α on a cp1252 console) are written as '?'."""
-    if sys.stderr is None:  # started with stderr closed (2>&-): print would send progress and errors to stdout
+    if sys.stderr is None or not writable(sys.stderr):  # 2>&-: print would send progress and errors to stdout
         sys.stderr = open(os.devnull, "w", encoding="utf-8")
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
@@ -375,3 +390,6 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
         if sys.stdout is not None:  # what is left in its buffer goes nowhere as Python exits, not to an error
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as e:  # a result file that cannot be written (a folder in its place, a full disk)
+        print(f"error: {e}", file=sys.stderr)
+        return 1

@@ -172,8 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="the distilgpt2 -> gpt2 shapes, for a smoke run")
     args = p.parse_args(argv)
     for folder in (args.before, args.after):
-        if not (Path(folder) / "gpt2" / "model.py").is_file():
-            raise ValueError(f"{folder} is not a checkout of this project (no gpt2/model.py): pass its folder")
+        try:
+            checkout = bool(folder.strip()) and (Path(folder) / "gpt2" / "model.py").is_file()
+        except OSError:  # a name too long, ...
+            checkout = False
+        if not checkout:
+            raise ValueError(f"{folder!r} is not a checkout of this project (no gpt2/model.py): pass its folder")
     if min(args.repeats, args.new_tokens, args.rows, args.gamma, *args.ks) < 1:
         raise ValueError("--repeats, --new-tokens, --rows, --gamma and --ks must be >= 1")
     target, draft = ("gpt2", "distilgpt2") if args.tiny else ("gpt2-large", "gpt2")

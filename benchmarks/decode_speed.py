@@ -493,10 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     models = {f"shape {i + 1}": name for i, name in enumerate(args.models)}
     env = environment(CPU, torch.float32, models, results[0]["path"])
     text = report(results, speedup, args, env)
-    print(text)
-    (out / "decode_speed.md").write_text(text + "\n", encoding="utf-8")
+    (out / "decode_speed.md").write_text(text + "\n", encoding="utf-8")  # first: a reader that left loses nothing
     write_json(out / "decode_speed.json", {"environment": env, "settings": vars(args), "results": results,
                                            "speedup": speedup})
+    print(text)
     say(f"results in {out}")
     return 0
 

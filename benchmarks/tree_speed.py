@@ -28,7 +28,7 @@ import torch
 from benchmarks.common import ArgumentParser, must
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
 from benchmarks.common import check_caches_fit, check_passes_fit, noisy_copy, say, shape, timed
-from benchmarks.common import binary_tree_mask, write_json
+from benchmarks.common import binary_tree_mask, check_range, write_json
 from benchmarks.lockstep import Method, lockstep, plain_decoding, rotated, stepwise
 from gpt2 import GPT2, GPT2Config, KVCache, fast, generate, init_random_weights
 from spec_decoding.stats import clock
@@ -52,12 +52,14 @@ COST_KS = sorted({*range(1, 11), 12, 16, 20, 24, 32} | set(R_K_REPORTED))  # the
 NOISY_TARGET = GPT2Config(n_layer=4, n_head=4, n_embd=128, n_ctx=1024, vocab_size=4096)
 NOISY_STD, NOISY_SCALE = 0.2, 0.01
 NOISY_PROMPT = 16  # tokens of each of its random prompts
+MAX_NOISY_PROMPTS = 1000  # --noisy-prompts: each config decodes each of them twice
 
 
 def parse_shape(text: str) -> TreeShape:
     """"3,2,1" or "nodes 16 depth 5"."""
     words = text.split()
-    if len(words) == 4 and words[0] == "nodes" and words[2] == "depth" and words[1].isdigit() and words[3].isdigit():
+    if len(words) == 4 and words[0] == "nodes" and words[2] == "depth" and all(
+            w.isascii() and w.isdigit() for w in (words[1], words[3])):  # not '²', a digit to isdigit alone
         return TreeShape(nodes=int(words[1]), depth=int(words[3]))
     return TreeShape.parse(text)
 
@@ -383,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
            args.max_gamma) < 1:
         raise ValueError("--prefix, --new-tokens, --repeats, --cost-repeats, --measure, --noisy-prompts and "
                          "--max-gamma must be >= 1")
+    check_range("--noisy-prompts", args.noisy_prompts, 1, MAX_NOISY_PROMPTS, " (random prompts, made up front)")
     shapes = {name: parse_shape(name) for name in args.trees}
     chains = range(1, args.max_gamma + 1)
     if args.tiny:

@@ -32,6 +32,10 @@ def test_a_folder_that_is_not_a_checkout_is_one_line_and_exit_2(tmp_path, capsys
     assert run_cli(main, [str(tmp_path), str(REPO_ROOT)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "not a checkout" in err and len(err.strip().splitlines()) == 1
+    for folder in ("", str(tmp_path / ("x" * 300))):  # Popen(cwd=''), and an OSError traceback
+        assert run_cli(main, [folder, str(REPO_ROOT)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {folder!r} is not a checkout") and len(err.strip().splitlines()) == 1
     assert run_cli(main, [str(REPO_ROOT), str(REPO_ROOT), "--ks", "0"]) == 2
     assert "--ks must be >= 1" in capsys.readouterr().err
     assert run_cli(main, [str(REPO_ROOT), str(REPO_ROOT), "--gamma", "0"]) == 2

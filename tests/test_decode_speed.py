@@ -10,11 +10,14 @@ import importlib.util
 import json
 import math
 import os
+import shlex
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from benchmarks.common import TINY_TARGET, binary_tree_mask, run_cli
+from benchmarks.common import REPO_ROOT, TINY_TARGET, binary_tree_mask, run_cli
 from benchmarks.decode_speed import Spinners, main
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: a thread pool only adds waiting
@@ -63,6 +66,17 @@ def test_a_short_run_writes_the_report_and_the_bound(tmp_path, fast_kernels):
             assert e["r"]["5"] == pytest.approx(sum(v / t for v, t in zip(verify, steps)) / 2)
             assert e["r_of_medians"]["5"] == pytest.approx(e["verify_s"]["5"] / e["step_s"])
             assert set(e["r"]) == ks  # JSON keys
+
+
+def test_the_files_are_written_before_the_report_goes_to_a_reader_that_may_have_left(tmp_path):
+    # `... | true`: printing first raised BrokenPipeError (exit 141) and left the results folder empty.
+    out = tmp_path / "ds"
+    command = shlex.join([sys.executable, "-m", "benchmarks.decode_speed", "--models", "tiny", "--draft", "tiny-draft",
+                          "--no-transformers", "--repeats", "1", "--warmup", "0", "--long", "0", "--ks", "2",
+                          "--prefix", "8", "--bandwidth-mib", "1", "--out", str(out)]) + " | true"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+                          env=os.environ | {"OMP_NUM_THREADS": "1"})
+    assert (out / "decode_speed.md").is_file() and (out / "decode_speed.json").is_file(), done.stderr
 
 
 def test_the_loaded_mode_reports_quiet_and_loaded_rows(tmp_path):

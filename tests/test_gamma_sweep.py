@@ -476,6 +476,26 @@ def test_with_stderr_closed_a_benchmark_keeps_its_errors_off_stdout():
     assert done.returncode == 2 and done.stdout == "", done.stdout
 
 
+def test_with_stderr_open_for_reading_only_a_benchmark_still_says_what_was_wrong(tmp_path):
+    # A shell wrapper of `python` (pyenv's) under 2>&- leaves fd 2 open on its script, for reading: the first
+    # write to stderr failed, and a usage error became exit code 1 with no message.
+    command = shlex.join([sys.executable, "-m", "benchmarks.gamma_sweep", "--tiny", "--prompts", "0"]) + " 2<&0"
+    (tmp_path / "in").touch()
+    with open(tmp_path / "in") as stdin:  # for reading only
+        done = subprocess.run(["bash", "-c", command], stdin=stdin, stdout=subprocess.PIPE, text=True,
+                              cwd=REPO_ROOT, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+
+
+def test_a_result_file_that_cannot_be_written_is_one_line(capsys, tmp_path):
+    (tmp_path / "decode_speed.md").mkdir()  # a folder where the report goes: an IsADirectoryError traceback
+    args = ["--models", "tiny", "--draft", "tiny-draft", "--no-transformers", "--repeats", "1", "--warmup", "0",
+            "--long", "0", "--ks", "2", "--prefix", "8", "--bandwidth-mib", "1", "--out", str(tmp_path)]
+    assert run_cli(importlib.import_module("benchmarks.decode_speed").main, args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: [Errno 21] Is a directory") and "Traceback" not in "\n".join(err)
+
+
 @pytest.mark.parametrize("module, option", [("gamma_sweep", "--simulate-acceptance"), ("decode_speed", "--busy"),
                                             ("parity_check", "--tie-tolerance")])
 def test_runs_as_a_module_from_the_repository_root(module, option):

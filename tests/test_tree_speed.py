@@ -104,7 +104,12 @@ def test_interpolation_between_and_beyond_the_measured_points():
      (["--max-gamma", "5000"], "--max-gamma 5000 verifies 5001 tokens in one pass"),
      (["--max-gamma", "920"], "give gammas of at most 919"),
      (["--prefix", "1000"], "give --prefix at most 992"),  # the cost passes go up to 32 tokens
-     (["--out", ""], "--out is empty")],
+     (["--out", ""], "--out is empty"),
+     # all prompts were made up front, after the whole run: 10^20 of them ran out of memory
+     (["--noisy-prompts", "100000000000000000000"], "--noisy-prompts must lie in 1..1000 (random prompts, made up "
+                                                    "front)"),
+     (["--trees", "nodes ² depth 1"], "a tree shape is children per depth"),  # int('²') named no option
+     (["--out", "x" * 300], "cannot be used (File name too long): give a folder you can write to")],
 )
 def test_bad_options_are_one_line_and_exit_2(args, message, capsys, tmp_path):
     short = ["--repeats", "1", "--cost-repeats", "1", "--measure", "1", "--noisy-prompts", "1", "--trees", "2"]
