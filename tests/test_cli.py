@@ -662,22 +662,19 @@ def test_stream_holds_back_a_character_split_across_tokens(folders):
     assert stream.tokens == tokens
 
 
-@pytest.mark.parametrize("output", ["text", "json"])
-def test_ctrl_c_prints_the_text_and_stats_so_far_with_exit_code_130(
-    tmp_path, folders, capsys, monkeypatch, single_thread, output
-):
-    """Ctrl-C lands in the target's forward pass of the third step: what the
-    first two steps committed is printed, with the stats of those two steps."""
+def ctrl_c_in_a_target_pass(monkeypatch, when) -> None:
+    """Makes `spec_decoding.speculative_generate` raise KeyboardInterrupt (Ctrl-C) in the target's forward pass
+    where `when(shapes)` holds: `shapes`, the (rows, tokens) of every target pass so far, this one last."""
     import spec_decoding
 
     real = spec_decoding.speculative_generate
 
     def interrupted_generate(target, *args, **kwargs):
-        calls = []
+        shapes = []
 
         def ctrl_c(module, inputs):
-            calls.append(inputs[0].size(1))
-            if len(calls) == 4:  # prefill, step 1, step 2, then step 3's verification
+            shapes.append(tuple(inputs[0].shape))
+            if when(shapes):
                 raise KeyboardInterrupt
 
         handle = target.register_forward_pre_hook(ctrl_c)
@@ -687,6 +684,15 @@ def test_ctrl_c_prints_the_text_and_stats_so_far_with_exit_code_130(
             handle.remove()
 
     monkeypatch.setattr(spec_decoding, "speculative_generate", interrupted_generate)
+
+
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_ctrl_c_prints_the_text_and_stats_so_far_with_exit_code_130(
+    tmp_path, folders, capsys, monkeypatch, single_thread, output
+):
+    """Ctrl-C lands in the target's forward pass of the third step: what the
+    first two steps committed is printed, with the stats of those two steps."""
+    ctrl_c_in_a_target_pass(monkeypatch, lambda shapes: len(shapes) == 4)  # prefill, step 1, step 2, then step 3
     extra = ["--json"] if output == "json" else []
     code = cli.main([*ON_CPU, "--weights-dir", str(tmp_path / "weights"), *local_models(folders), "--compare", *extra])
     out = capsys.readouterr().out
@@ -1141,25 +1147,8 @@ def test_ctrl_c_in_a_batch_leaves_a_row_that_had_finished_finished(tmp_path, cap
     """A long prompt fills the target's window of 128 within a few steps and leaves the batch; Ctrl-C lands in
     the next step, which verifies the short prompt alone. Each row, not the batch, says whether it was cut short
     (both read "interrupted" before)."""
-    import spec_decoding
-
-    real = spec_decoding.speculative_generate
-
-    def interrupted_generate(target, *args, **kwargs):
-        rows_seen = []
-
-        def ctrl_c(module, inputs):
-            rows_seen.append(inputs[0].size(0))
-            if rows_seen[-1] == 1 and 2 in rows_seen:  # the first pass after the long row left the batch
-                raise KeyboardInterrupt
-
-        handle = target.register_forward_pre_hook(ctrl_c)
-        try:
-            return real(target, *args, **kwargs)
-        finally:
-            handle.remove()
-
-    monkeypatch.setattr(spec_decoding, "speculative_generate", interrupted_generate)
+    # the first pass after the long row left the batch
+    ctrl_c_in_a_target_pass(monkeypatch, lambda shapes: shapes[-1][0] == 1 and any(B == 2 for B, _ in shapes))
     path = tmp_path / "prompts.txt"
     path.write_text("Hello" + " hello" * 119 + "\nHello world\n", encoding="utf-8")  # 120 and 2 tokens
     extra = ["--json"] if output == "json" else []
