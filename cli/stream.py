@@ -63,13 +63,22 @@ class TokenStream:
             self.out.write(f"{style}{text}{RESET}" if self.color else text)
 
 
-class Unfailing:
-    """stderr, whose progress lines and errors are dropped where they cannot be written (a full disk, a reader
-    that left, a descriptor only for reading): the run and its text on stdout go on. It failed with exit code 1
-    and no output, the error about the failed write failing in turn."""
+class Wrapped:
+    """A text stream with its own `write` and `flush`; everything else is the stream's."""
 
     def __init__(self, stream) -> None:
         self.stream = stream
+
+    def __getattr__(self, name: str):
+        if "stream" not in self.__dict__:  # a copy being made: no stream yet
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
+
+class Unfailing(Wrapped):
+    """stderr, whose progress lines and errors are dropped where they cannot be written (a full disk, a reader
+    that left, a descriptor only for reading): the run and its text on stdout go on. It failed with exit code 1
+    and no output, the error about the failed write failing in turn."""
 
     def write(self, text: str) -> int:
         try:
@@ -83,23 +92,15 @@ class Unfailing:
         except (OSError, ValueError):
             pass
 
-    def __getattr__(self, name: str):
-        if "stream" not in self.__dict__:  # a copy being made: no stream yet
-            raise AttributeError(name)
-        return getattr(self.stream, name)
-
 
 class OutputError(Exception):
     """Standard output cannot be written (a full disk, a descriptor open only for reading): the run cannot show its
     text, and no input was at fault."""
 
 
-class Checked:
+class Checked(Wrapped):
     """stdout, whose failed writes raise `OutputError` rather than an OSError, which the command reads as bad input
     (exit code 2); a reader that left (`| head`, BrokenPipeError) stays the caller's to handle."""
-
-    def __init__(self, stream) -> None:
-        self.stream = stream
 
     def write(self, text: str) -> int:
         return self.checked(self.stream.write, text)
@@ -115,8 +116,3 @@ class Checked:
         except OSError as e:
             raise OutputError(f"standard output cannot be written ({e.strerror or e}): send it to a file or a "
                               "terminal that takes it") from None
-
-    def __getattr__(self, name: str):
-        if "stream" not in self.__dict__:  # a copy being made: no stream yet
-            raise AttributeError(name)
-        return getattr(self.stream, name)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt2.kv_cache import KVCache
 from gpt2.model import GPT2
 from gpt2.sampling import SamplingConfig, logits_to_probs, sample
 
@@ -109,8 +110,16 @@ class TreeDrafter:
             raise ValueError("p_min stops a chain; a tree keeps its shape: pass the draft model without p_min, "
                              "or draft a chain (gamma)")
         self.chain = draft if isinstance(draft, ModelDrafter) else ModelDrafter(draft)  # prefill, limits, cache
-        self.model, self.cache = self.chain.model, self.chain.cache
         self.committed = 0  # the committed length of the sequence being drafted for
+
+    @property
+    def model(self) -> GPT2:
+        return self.chain.model
+
+    @property
+    def cache(self) -> KVCache:
+        """The chain drafter's cache (a new one after its model has moved, `ModelDrafter.prefill`)."""
+        return self.chain.cache
 
     @property
     def vocab_size(self) -> int:
@@ -123,7 +132,6 @@ class TreeDrafter:
     def prefill(self, prefix: torch.Tensor) -> None:
         """Starts a new sequence: caches `prefix`, (1, P) tokens."""
         self.chain.prefill(prefix)
-        self.cache = self.chain.cache  # a new one if the model has moved
 
     def max_depth(self, seq_len: int) -> int:
         """The deepest tree it can draft after `seq_len` tokens within its window."""
