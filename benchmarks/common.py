@@ -129,7 +129,7 @@ def results_dir(out: str | Path | None, prefix: str, *, create: bool = True) -> 
     except OSError as e:  # a name too long, ...: pathlib's exists() passes on only a few errors
         raise ValueError(f"--out {folder} cannot be used ({e.strerror or e}): give a folder you can write to") from None
     if not create:
-        if not existing.is_dir() or not os.access(existing, os.W_OK):
+        if not can_write_in(existing):
             raise ValueError(f"--out {folder} cannot be created ({existing} is not a folder you can write to): "
                              "give a folder you can write to")
         return folder
@@ -137,9 +137,19 @@ def results_dir(out: str | Path | None, prefix: str, *, create: bool = True) -> 
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a parent that is a file, no permission, a read-only file system, ...
         raise ValueError(f"--out {folder} cannot be created ({e.strerror}): give a folder you can write to") from None
-    if not os.access(folder, os.W_OK):
+    if not can_write_in(folder):
         raise ValueError(f"--out {folder} is not writable: give a folder you can write to")
     return folder
+
+
+def can_write_in(folder: Path) -> bool:
+    """Whether an entry can be made in `folder`, tried by making and removing an empty folder there: os.access
+    answers yes to root even where the file system says no (/sys)."""
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=folder))
+    except OSError:  # not a folder, no permission, a read-only file system, ...
+        return False
+    return True
 
 
 def write_json(path: Path, payload: dict) -> None:

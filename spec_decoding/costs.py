@@ -71,7 +71,8 @@ class StepCosts:
 
     def step_seconds(self, K: int) -> float:
         """K t_d + t_v(K + 1): drafting K tokens and verifying them."""
-        assert 0 <= K < self.max_tokens, f"no verification cost for K = {K} (up to {self.max_tokens - 1})"
+        if isinstance(K, bool) or not isinstance(K, int) or not 0 <= K < self.max_tokens:  # t_verify[-1] is no cost
+            raise ValueError(f"no verification cost for K = {K!r}: K must be an integer in 0..{self.max_tokens - 1}")
         return K * self.t_draft + self.t_verify[K]
 
 

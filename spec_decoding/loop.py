@@ -147,6 +147,9 @@ def speculative_generate(
     eos_id = check_eos_id(eos_id, target.config.vocab_size)
     check_generator(generator, sampling, target.device)
 
+    if stats is not None and not (isinstance(stats, SpecStats) and stats.target_calls == 0):  # before "auto" times
+        size = gamma if isinstance(gamma, int) and not isinstance(gamma, bool) else "max_gamma"
+        raise ValueError(f"stats must be a fresh SpecStats({size}) (no step counted yet), or None")
     schedule = make_schedule(gamma, target, drafter)
     gamma = schedule.max_gamma  # the most tokens a step drafts
 

@@ -31,7 +31,7 @@ def check_number(value, name: str, low: float, high: float = math.inf, *, low_op
     if not isinstance(value, (str, bytes, bool)):
         try:
             number = float(value)  # int, float, numpy and 0-d tensor numbers
-        except (TypeError, ValueError, RuntimeError):
+        except (TypeError, ValueError, RuntimeError, OverflowError):  # OverflowError: an int past float's range
             pass
     finite = number is not None and math.isfinite(number)
     if not (finite and (number > low if low_open else number >= low) and number <= high):
@@ -44,9 +44,12 @@ def check_number(value, name: str, low: float, high: float = math.inf, *, low_op
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
     """E = (1 - α^(γ+1)) / (1 - α): the mean number of tokens one target call
     emits (Leviathan et al. 2023, eq. 1); γ + 1 at α = 1. A ValueError unless
-    α lies in [0, 1] and γ is an integer >= 0."""
+    α lies in [0, 1] and γ is an integer in 0 .. 2**53 - 1 (what a float
+    counts exactly; no context window comes near it)."""
     alpha = check_number(alpha, "alpha (an acceptance rate)", 0.0, 1.0)
     gamma = check_integer(gamma, "gamma (tokens drafted per step)", 0)
+    if gamma >= 2**53:
+        raise ValueError(f"gamma (tokens drafted per step) must be below 2**53, got {gamma}")
     if alpha >= 1.0:
         return float(gamma + 1)
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)

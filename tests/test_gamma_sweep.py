@@ -436,6 +436,13 @@ def test_a_results_folder_inside_a_file_is_one_line_and_exit_2(capsys, tmp_path,
     assert err.startswith("error: --out ") and "cannot be created" in err and "\n" not in err
 
 
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs Linux's /sys, which takes no new entries")
+def test_a_results_folder_the_file_system_refuses_is_refused_before_the_run():
+    # As root, os.access said /sys was writable: the sweep ran, then failed to make its folder.
+    with pytest.raises(ValueError, match="cannot be created .* not a folder you can write to"):
+        common.results_dir("/sys/gpt2-speculative-results", "sweep", create=False)
+
+
 def test_a_results_folder_under_home_written_with_a_tilde_goes_there(tmp_path, monkeypatch):
     # --out=~/results (no shell expands a ~ after "=") made a folder named "~" in the working directory.
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

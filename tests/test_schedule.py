@@ -440,6 +440,14 @@ HELPER_MISTAKES = {
     "a target step that never ends": (lambda m: predicted_speedup(0.5, 2, 1.0, float("inf"), 1.0),
                                       "t_target must be a number > 0, got inf"),  # it returned inf
     "an infinite c": (lambda m: improvement_factor(0.5, 0, float("inf")), "c = t_d / t_t must be a number >= 0"),
+    # An AssertionError (none under python -O: K = -1 read the last pass's cost), an IndexError, a TypeError.
+    "a step of K = -1": (lambda m: StepCosts(0.1, (1.0, 1.1)).step_seconds(-1), r"K must be an integer in 0\.\.1"),
+    "a step of K = 2": (lambda m: StepCosts(0.1, (1.0, 1.1)).step_seconds(2), r"no verification cost for K = 2"),
+    "a step of K = 0.5": (lambda m: StepCosts(0.1, (1.0, 1.1)).step_seconds(0.5), r"K must be an integer"),
+    # An OverflowError: Python's int had no float to become.
+    "eq. 1 at gamma 10^400": (lambda m: expected_tokens_per_step(0.8, 10**400), r"gamma .* must be below 2\*\*53"),
+    "eq. 1 at alpha 1, gamma 10^400": (lambda m: expected_tokens_per_step(1.0, 10**400), r"must be below 2\*\*53"),
+    "a c of 10^400": (lambda m: improvement_factor(0.5, 2, 10**400), "c = t_d / t_t must be a number >= 0"),
 }
 
 
@@ -449,3 +457,19 @@ def test_the_exported_helpers_refuse_what_they_cannot_use_in_one_line(mistake):
     make, message = HELPER_MISTAKES[mistake]
     with pytest.raises(ValueError, match=message):
         make(tiny_gpt2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=32, vocab_size=50), seed=0))
+
+
+def test_gamma_auto_refuses_bad_stats_before_it_calibrates(tmp_path, monkeypatch):
+    from spec_decoding import speculative_generate
+
+    def calibrate(*args, **kwargs):
+        raise AssertionError("a bad stats argument must be refused before the step costs are timed")
+
+    monkeypatch.setattr(spec_decoding.schedule, "calibrate", calibrate)
+    target, draft = tiny_gpt2(CONFIG, seed=0), tiny_gpt2(CONFIG, seed=1)
+    used = SpecStats(12)
+    used.record_step(2, 1, target_token=True)
+    for stats in (object(), used):
+        with pytest.raises(ValueError, match=r"stats must be a fresh SpecStats"):
+            speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), gamma="auto", max_new_tokens=4,
+                                 stats=stats)
