@@ -275,6 +275,14 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
     assert 0 < comparison["outside_steps_seconds"] < comparison["spec_seconds"]  # the prefills at least
     assert set(comparison["step_seconds"]) == {"draft", "target", "verify"}
     assert all(seconds > 0 for seconds in comparison["step_seconds"].values())
+    # Each figure is what its parts say (a wrong counter or an inverted ratio passed everything above).
+    assert timings["tokens_per_second"] == pytest.approx(20 / timings["generate_seconds"], rel=1e-9)
+    assert comparison["baseline_tokens_per_second"] == pytest.approx(20 / comparison["baseline_seconds"], rel=1e-9)
+    assert comparison["speedup"] == pytest.approx(
+        timings["tokens_per_second"] / comparison["baseline_tokens_per_second"], rel=1e-9)
+    assert comparison["step_seconds"]["draft"] == pytest.approx(stats["draft_seconds"] / stats["draft_calls"], rel=1e-9)
+    assert comparison["step_seconds"]["verify"] == pytest.approx(
+        stats["verify_seconds"] / stats["target_calls"], rel=1e-9)
 
 
 def test_int8_weights_reproduce_the_int8_target_alone(tmp_path, folders):
@@ -382,6 +390,24 @@ def test_sampling_with_a_seed_reproduces_with_the_prompt_from_stdin_too(tmp_path
     assert a["settings"]["temperature"] == 1.0 and a["settings"]["seed"] == 7 and a["settings"]["greedy"] is False
     assert len(a["token_ids"]) == 20
     assert without_timings(a) == without_timings(b)
+
+
+def test_compare_samples_the_target_alone_with_every_filter_and_the_header_names_them(capsys, folders, single_thread):
+    # --compare's baseline is `gpt2.generate` with the same settings and seed; one that dropped --top-p, or a header
+    # that left it out, passed every other test.
+    settings = ("--temperature", "1.5", "--top-k", "40", "--top-p", "0.6", "--seed", "3", "-p", "Once upon a time")
+    text = run_main(capsys, *local_models(folders), "--compare", *settings)
+    assert_ok(text)
+    assert "sampling at temperature 1.5, top-k 40, top-p 0.6, seed 3" in text.stdout
+    out = json.loads(run_main(capsys, *local_models(folders), "--json", "--compare", *settings).stdout)
+    target = load_model(folders["target"])
+    prompt = torch.tensor([out["prompt_token_ids"]])
+    alone = generate(target, prompt, 20, temperature=1.5, top_k=40, top_p=0.6, eos_id=50256,
+                     generator=torch.Generator().manual_seed(3))
+    without_top_p = generate(target, prompt, 20, temperature=1.5, top_k=40, eos_id=50256,
+                             generator=torch.Generator().manual_seed(3))
+    T = prompt.size(1)
+    assert out["comparison"]["baseline_token_ids"] == alone[0, T:].tolist() != without_top_p[0, T:].tolist()
 
 
 def test_another_seed_samples_another_text(capsys, folders, single_thread):
@@ -1118,6 +1144,12 @@ def test_a_prompts_file_gives_one_block_per_prompt_in_input_order(tmp_path, caps
         assert f"\n{prompt}{single_json(capsys, folders, prompt)['text']}\n" in out
     assert len(re.findall(r"\[20 new tokens in \d+ target calls?, stopped at --max-gen; α \d\.\d{3}", out)) == 3
     assert re.search(r"prompts\s+3 in 2 batches of up to 2", out) and "rows per step" in out
+    # α over every row is accepted / judged summed over the rows (accepted / drafted passed the lines above).
+    rows = [json.loads(line)["stats"] for line in run_main(capsys, *local_models(folders), "--json", "--prompts-file",
+                                                           str(path), "--batch-size", "2").stdout.splitlines()]
+    accepted, judged = sum(r["accepted"] for r in rows), sum(sum(r["reached_at"]) for r in rows)  # reached: judged
+    assert sum(r["drafted"] for r in rows) != judged, "a batch whose rows judge fewer drafts than they draft"
+    assert f"{accepted / judged:.3f} over every row ({accepted} of {judged} judged drafts)" in out
 
 
 def test_jsonl_and_json_give_one_object_per_prompt_whatever_the_batch_size(tmp_path, capsys, folders, single_thread):

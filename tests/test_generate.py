@@ -286,6 +286,33 @@ def test_top_k_applies_before_top_p():
 @pytest.mark.parametrize(
     "config",
     [
+        SamplingConfig(temperature=0.5, top_p=0.6),
+        SamplingConfig(temperature=2.0, top_p=0.6),
+        SamplingConfig(temperature=0.5, top_k=5),
+        SamplingConfig(temperature=2.0, top_k=5, top_p=0.7),
+    ],
+    ids=str,
+)
+def test_the_filters_match_transformers_warpers_at_any_temperature(config):
+    # The tests above run at temperature 1, where they cannot tell whether top-p reads the tempered
+    # distribution or whether the temperature divides twice: transformers' warpers, in generate's order, can.
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    logits = 3.0 * torch.randn(8, 50, generator=torch.Generator().manual_seed(0))  # (rows, V)
+    scores = TemperatureLogitsWarper(config.temperature)(None, logits.clone())
+    if config.top_k is not None:
+        scores = TopKLogitsWarper(config.top_k)(None, scores)
+    if config.top_p is not None:
+        scores = TopPLogitsWarper(config.top_p)(None, scores)
+    expected = torch.softmax(scores, dim=-1)  # (rows, V)
+    probs = logits_to_probs(logits, config)
+    assert torch.equal(probs > 0, expected > 0), "the same tokens are kept"
+    assert torch.allclose(probs, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
         SamplingConfig(temperature=0.0),
         SamplingConfig(temperature=0.7),
         SamplingConfig(temperature=1.3, top_k=5),
