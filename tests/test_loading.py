@@ -248,8 +248,9 @@ def test_a_hub_that_answers_with_an_error_is_named_not_taken_for_no_network(hub,
         with pytest.raises(ValueError, match=f"the Hugging Face Hub answered {status} for config.json of '{REPO_ID}'"
                                              f": {re.escape(fix)}"):
             load_model(REPO_ID, weights_dir=weights)
-    server.failures = [503]  # one server error: the probe lets it pass, huggingface_hub's own requests go on
-    assert_holds(load_model(REPO_ID, weights_dir=weights), state)
+    for status in (500, 503):  # one server error: the probe lets it pass, huggingface_hub's own requests go on
+        server.failures = [status]
+        assert_holds(load_model(REPO_ID, weights_dir=weights / str(status)), state)
 
     from huggingface_hub import constants
 
@@ -283,6 +284,28 @@ def test_a_deleted_tokenizer_file_is_downloaded_again(hub, tmp_path, folder):
     load_model(REPO_ID, weights_dir=tmp_path / "weights")
     assert server.files_requested("GET").count("vocab.json") == 2
     assert (tmp_path / "weights" / "someorg--tiny-gpt2" / "vocab.json").read_bytes() == b'{"placeholder": 0}'
+
+
+def test_a_download_cut_short_before_the_tokenizer_files_fetches_them_next_time(hub, tmp_path, folder, monkeypatch):
+    # The model file comes last: had it come before them, a Ctrl-C at vocab.json left a folder that looked complete
+    # (both model files, no tokenizer file) and the tokenizer files were never fetched.
+    import huggingface_hub
+
+    server = hub({REPO_ID: served_files(folder)})
+    fetch = huggingface_hub.hf_hub_download
+
+    def cut_short(repo_id, filename, **kwargs):
+        if filename == "vocab.json":
+            raise KeyboardInterrupt
+        return fetch(repo_id, filename, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        load_model(REPO_ID, weights_dir=tmp_path / "weights")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fetch)
+    load_model(REPO_ID, weights_dir=tmp_path / "weights")
+    assert server.files_requested("GET").count("vocab.json") == 1
+    assert (tmp_path / "weights" / "someorg--tiny-gpt2" / "merges.txt").read_bytes() == b"#version: 0.2\n"
 
 
 def test_a_download_with_one_tokenizer_file_is_used_offline(hub, tmp_path, folder, state, capsys):
@@ -479,6 +502,15 @@ def test_a_weights_dir_that_is_a_file_raises_value_error(hub, tmp_path, folder):
     weights.write_text("a file where the downloads should go")
     with pytest.raises(ValueError, match=f"cannot create the download folder {weights / 'someorg--tiny-gpt2'}"):
         load_model(REPO_ID, weights_dir=weights)
+
+
+def test_n_positions_is_the_window_where_config_json_keeps_a_stale_n_ctx(folder, state):
+    # As transformers reads it: n_positions sizes wpe; an older n_ctx beside it is not the window.
+    n_positions = json.loads((folder / "config.json").read_text())["n_positions"]
+    rewrite_config(folder, n_ctx=2 * n_positions)
+    model = load_model(folder)
+    assert model.config.n_ctx == n_positions
+    assert_holds(model, state)
 
 
 def test_a_folder_under_home_written_with_a_tilde_loads(monkeypatch, folder, state):

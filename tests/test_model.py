@@ -10,6 +10,8 @@ float32 (the two compute the same sums in a different order).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -20,7 +22,9 @@ from helpers import TINY, hub_state_dict, make_hf_model, write_checkpoint
 
 ATOL = 1e-4
 LAYOUTS = ("hub", "save_pretrained")
-SHAPES = {"tiny": TINY, "distilgpt2": PRESETS["distilgpt2"], "gpt2": PRESETS["gpt2"]}
+# tiny-eps: a LayerNorm epsilon other than GPT-2's 1e-5, which the checkpoint's config.json carries to every path.
+SHAPES = {"tiny": TINY, "tiny-eps": dataclasses.replace(TINY, layer_norm_epsilon=1e-2),
+          "distilgpt2": PRESETS["distilgpt2"], "gpt2": PRESETS["gpt2"]}
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
