@@ -66,10 +66,10 @@ def spec_alone(target, draft, prompt: list[int], **kwargs) -> list[int]:
 class BatchSizes:
     """Records the batch size of every forward pass of a model after the
     prefill (a pre-hook; prefill passes ask for the last logits only), and
-    the (rows, tokens) shape of every prefill pass."""
+    the (rows, tokens) shape of every prefill pass; `fed`: the tokens of each pass after the prefill."""
 
     def __init__(self, model) -> None:
-        self.model, self.sizes, self.prefills = model, [], []
+        self.model, self.sizes, self.prefills, self.fed = model, [], [], []
 
     def __enter__(self):
         def record(module, args, kwargs):
@@ -77,6 +77,7 @@ class BatchSizes:
                 self.prefills.append(tuple(args[0].shape))
             else:
                 self.sizes.append(args[0].size(0))
+                self.fed.append(args[0].numel())
 
         self.handle = self.model.register_forward_pre_hook(record, with_kwargs=True)
         return self
@@ -316,6 +317,7 @@ def test_rows_ending_at_different_times_end_as_they_would_alone(gamma):
         check_row_stats(row_stats, row, prompt)
     # A finished row leaves the batch: the verification passes shrink with it.
     assert calls.sizes == stats.active_rows and stats.active_rows[-1] < len(prompts)
+    assert stats.verified_tokens == sum(calls.fed), "every active row is fed its step's longest draft + 1 tokens"
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -144,6 +144,16 @@ def test_p_min_keeps_the_output_and_drafts_less(target, drafts, p_min):
         assert stats.drafted <= stats.draft_calls <= asked
 
 
+def test_p_min_reads_the_draft_under_the_runs_own_filter():
+    # When sampling, the draft's confidence is the top probability it samples from (here sharpened by a
+    # temperature of 0.5: 0.87, not the 0.64 at temperature 1); greedy has no such distribution and reads
+    # temperature 1.
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    sharp = SamplingConfig(temperature=0.5, top_k=3)
+    assert ModelDrafter.confidence(logits, sharp) == pytest.approx(float(torch.softmax(2 * logits[:3], -1)[0]))
+    assert ModelDrafter.confidence(logits, SamplingConfig(0.0)) == pytest.approx(float(torch.softmax(logits, -1)[0]))
+
+
 @pytest.mark.parametrize("p_min", [1.5, -0.1, True, "0.5"])  # True was a threshold of 1: it drafted nothing
 def test_p_min_must_be_a_probability(drafts, p_min):
     with pytest.raises(ValueError, match=r"p_min must be a probability in \[0, 1\]"):

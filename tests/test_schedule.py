@@ -26,7 +26,7 @@ from spec_decoding import predicted_speedup
 from spec_decoding.batch_drafters import SimulatedBatchDrafter
 from spec_decoding.costs import non_decreasing, relative_medians
 from spec_decoding.drafters import ModelDrafter, NgramDrafter
-from spec_decoding.schedule import expected_rate, make_schedule, posterior_tokens
+from spec_decoding.schedule import expected_rate, fastest, make_schedule, posterior_tokens
 from helpers import tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -473,3 +473,31 @@ def test_gamma_auto_refuses_bad_stats_before_it_calibrates(tmp_path, monkeypatch
         with pytest.raises(ValueError, match=r"stats must be a fresh SpecStats"):
             speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), gamma="auto", max_new_tokens=4,
                                  stats=stats)
+
+
+def test_a_schedule_learns_from_the_drafts_a_step_made_not_the_k_it_asked_for():
+    # Prompt lookup proposes fewer tokens than asked, or none, where the text does not repeat: a schedule told
+    # it drafted K judged a rejection that never happened (AutoGamma's α would fall for nothing).
+    from spec_decoding import speculative_generate
+
+    class Recording(FixedGamma):
+        def __init__(self, gamma: int) -> None:
+            super().__init__(gamma)
+            self.updates: list[tuple[int, int]] = []
+
+        def update(self, drafted: int, accepted: int) -> None:
+            self.updates.append((drafted, accepted))
+
+    target = tiny_gpt2(CONFIG, seed=0)
+    schedule = Recording(4)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3, 6, 7]])
+    _, stats = speculative_generate(target, NgramDrafter(n=2), ids, gamma=schedule, max_new_tokens=20)
+    drafted = [d for d, _ in schedule.updates]
+    assert len(drafted) == stats.target_calls and sum(drafted) == stats.drafted
+    assert min(drafted) < 4, "some step must draft fewer tokens than asked for the test to tell them apart"
+
+
+def test_on_a_tie_the_shortest_draft_wins():
+    # Drafting costs work and risks nothing it can gain: of K that promise the same rate, the smallest.
+    assert fastest(lambda K: [1.0, 2.0, 3.0, 3.0, 1.0][K], 4) == 2
+    assert fastest(lambda K: 1.0, 4) == 0

@@ -213,6 +213,21 @@ def test_sampling_judges_the_second_child_against_the_residual():
     assert both_rejected.nodes == () and both_rejected.next_token == 2
 
 
+def test_sampling_takes_every_rejected_sibling_out_of_the_drafts_distribution():
+    # Root with children 0, 1, 2. p_target = (.1, .3, .2, .4), p_draft = (.4, .4, .1, .1).
+    tree = TokenTree(tokens=(9, 0, 1, 2), parents=(-1, 0, 0, 0))
+    target_probs = torch.tensor([[0.1, 0.3, 0.2, 0.4]] * 4)
+    draft_probs = torch.tensor([[0.4, 0.4, 0.1, 0.1]] + [[0.0] * 4] * 3)
+    # Child 0 is rejected (r >= .1 / .4): p = (0, 0, 1/4, 3/4), q without 0 = (0, 2/3, 1/6, 1/6). Child 1 has
+    # p = 0 there: rejected. p = norm(max(0, p - q)) = (0, 0, 1/8, 7/8), and q without 0 and 1 = (0, 0, 1/2, 1/2):
+    # child 2 is accepted iff r < (1/8) / (1/2) = 1/4 (3/4 with q without 1 alone, token 0 back in).
+    assert tree_sampling(target_probs, draft_probs, tree, uniforms=torch.tensor([0.5, 0.5, 0.2])).ranks == (2,)
+    rejected = tree_sampling(target_probs, draft_probs, tree, uniforms=torch.tensor([0.5, 0.5, 0.5]),
+                             generator=torch.Generator().manual_seed(0))
+    # Then the token comes from norm(max(0, (0, 0, 1/8, 7/8) - (0, 0, 1/2, 1/2))) = (0, 0, 0, 1).
+    assert rejected.nodes == () and rejected.next_token == 3
+
+
 def test_draws_without_replacement_are_distinct_and_stop_when_q_runs_out():
     q = torch.tensor([0.5, 0.0, 0.3, 0.2])
     for seed in range(10):
@@ -340,6 +355,27 @@ def test_drafting_feeds_one_level_per_pass(shape, temperature):
         assert proposal.probs is None
     else:
         assert proposal.probs.shape == (tree.size, CONFIG.vocab_size)
+
+
+@torch.inference_mode()
+def test_keep_holds_the_accepted_path_up_to_its_last_fed_node():
+    # "3,2,1" feeds depths 1 and 2 (nodes 1..9); the path through node 9, the last fed one, to its child keeps
+    # two fed nodes: a cache that dropped node 9 would feed it again, and one that kept it must hold its keys.
+    draft = tiny_gpt2(CONFIG, seed=1)
+    drafter = TreeDrafter(draft)
+    seq = torch.tensor(PREFIX)
+    S = seq.size(1)
+    drafter.prefill(seq[:, :-1])
+    proposal = drafter.propose(seq, TreeShape.parse("3,2,1"), max_depth=3, max_nodes=64, sampling=SamplingConfig(),
+                               generator=None)
+    tree = proposal.tree
+    assert proposal.fed == 9 and tree.depths[9] == 2
+    nodes = tuple(tree.path(tree.children(9)[0])[1:])  # depth 1, node 9, its child
+    drafter.keep(S, proposal, nodes)
+    assert drafter.cache.length == S + 2
+    text = torch.cat([seq, torch.tensor([[tree.tokens[v] for v in nodes]])], dim=1)  # (1, S + 3)
+    cached = draft(text[:, drafter.cache.length :], drafter.cache)[0, -1]  # (V,)
+    assert torch.allclose(cached, draft(text)[0, -1], atol=1e-5)
 
 
 @torch.inference_mode()
