@@ -7,6 +7,7 @@ spinning processes. Speed itself is never asserted here."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -17,6 +18,7 @@ import sys
 import pytest
 import torch
 
+from benchmarks import decode_speed
 from benchmarks.common import REPO_ROOT, TINY_TARGET, binary_tree_mask, run_cli
 from benchmarks.decode_speed import Spinners, main
 
@@ -44,6 +46,12 @@ def test_a_short_run_writes_the_report_and_the_bound(tmp_path, fast_kernels):
         assert diff <= 1e-4
 
     c = TINY_TARGET
+    # A step reads each weight once (wte once: it is the LM head too; one row of wpe) and the keys and values of
+    # the 8 cached positions and its own, L layers x C floats each, twice.
+    C, L, V = c.n_embd, c.n_layer, c.vocab_size
+    weights = V * C + C + L * (12 * C * C + 13 * C) + 2 * C  # a block: 2 LayerNorms, 4 matrices and their biases
+    assert result["weight_bytes"] == 4 * weights
+    assert result["step_bytes"]["short"] == 4 * weights + 2 * L * (8 + 1) * C * 4
     # The long context adds 4 positions of keys and values, L layers x C floats each, twice.
     assert result["step_bytes"]["long"] - result["step_bytes"]["short"] == 2 * c.n_layer * 4 * c.n_embd * 4
     # int8: each block matrix and wte (the LM head) read as 1 byte a weight instead of 4, plus a scale per row.
@@ -66,6 +74,29 @@ def test_a_short_run_writes_the_report_and_the_bound(tmp_path, fast_kernels):
             assert e["r"]["5"] == pytest.approx(sum(v / t for v, t in zip(verify, steps)) / 2)
             assert e["r_of_medians"]["5"] == pytest.approx(e["verify_s"]["5"] / e["step_s"])
             assert set(e["r"]) == ks  # JSON keys
+
+
+def test_the_report_shows_the_figures_of_the_counted_repeats(tmp_path, monkeypatch):
+    # Every timing scripted (the calls still run): the tables must show the JSON's paired r_k, not the ratio of
+    # medians, and the comparison the others' time over ours; a warm-up repeat must not be counted.
+    times = itertools.cycle([0.003, 0.002, 0.007, 0.005, 0.011, 0.013, 0.017, 0.019, 0.023])
+
+    def scripted(fn, *args):
+        fn(*args)
+        return next(times)
+
+    monkeypatch.setattr(decode_speed, "timed", scripted)
+    out = tmp_path / "ds"
+    args = ["--models", "tiny", "--repeats", "3", "--warmup", "1", "--ks", "5", "--prefix", "8", "--long", "0",
+            "--no-transformers", "--readable", "--bandwidth-mib", "1", "--out", str(out)]
+    assert run_cli(main, args) == 0
+    report = (out / "decode_speed.md").read_text(encoding="utf-8")
+    impl = json.loads((out / "decode_speed.json").read_text(encoding="utf-8"))["results"][0]["implementations"]
+    ours, readable = impl["ours"]["short"], impl["ours, readable"]["short"]
+    assert all(len(samples) == 3 for samples in impl["ours"]["samples"].values()), "the warm-up is not counted"
+    assert f"{ours['r']['5']:.2f}" != f"{ours['r_of_medians']['5']:.2f}", "scripted times that tell them apart"
+    assert f"| {1e3 * ours['verify_s']['5']:.1f} | {ours['r']['5']:.2f} |" in report
+    assert f"t_v(5) {readable['verify_s']['5'] / ours['verify_s']['5']:.2f}x" in report
 
 
 def test_the_files_are_written_before_the_report_goes_to_a_reader_that_may_have_left(tmp_path):

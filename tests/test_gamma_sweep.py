@@ -74,6 +74,38 @@ def test_prediction_with_start_up_costs():
     )
 
 
+def test_each_column_of_a_row_is_what_its_parts_say():
+    # A cell measured by hand, every number distinct, so that a ratio of medians, an inverted ratio, a swapped
+    # argument or accepted / drafted for α each gives another figure. 3 repeats, 2 prompts, max_gen 10, γ 2.
+    stats = SpecStats(2)
+    stats.record_step(2, 0, target_token=True)  # judged 1 (rejected)
+    stats.record_step(2, 2, target_token=True)  # judged 2: α = 2 / 3, accepted per drafted 2 / 4
+    group = gamma_sweep.Group(prompt_len=5, context_len=10, base_seconds=[1.0, 2.0, 4.0], base_tokens=30,
+                              hf_base_seconds=[3.0, 5.0, 4.0], t_draft=[0.1, 0.2, 0.3], t_target=[1.0, 1.2, 1.1],
+                              t_verify={2: [1.5, 1.6, 1.4]}, t_start_target=[2.0, 3.0, 2.5],
+                              t_start_draft=[0.5, 0.7, 0.6])
+    cell = gamma_sweep.Cell(10, 2, None, spec_seconds=[0.25, 1.6, 1.0], stats=[stats], tokens=30, draft_seconds=0.6,
+                            verify_seconds=1.8, identical=5, hf_spec_seconds=[2.0, 2.5, 5.0], hf_identical=4)
+    settings = SweepSettings(gammas=(2,), max_gens=(10,), repeats=3, peer="transformers")
+    row = sweep_report.cell_row(gamma_sweep.SweepResult(settings, [("a", 5), ("b", 5)], [cell], {10: group}), cell)
+    E = 1 + 2 / 3 + 4 / 9  # eq. 1 at α = 2/3, γ = 2
+    speedup = 4.0  # the median of 1 / 0.25, 2 / 1.6 and 4 / 1; the medians' ratio would say 2
+    predicted = E * 1.1 / (2 * 0.2 + 1.5)
+    with_start = (2.5 + 10 * 1.1) / (2.5 + 0.6 + 10 / E * (2 * 0.2 + 1.5))
+    expected = {
+        "speedup": speedup, "speedup_min": 1.25, "speedup_max": 4.0, "spec_tok_s": 30.0, "base_tok_s": 15.0,
+        "alpha": 2 / 3, "accepted_per_drafted": 0.5, "tokens_per_call": 2.0, "t_draft_ms": 200.0,
+        "t_target_ms": 1100.0, "t_verify_ms": 1500.0, "c": 0.2 / 1.1, "verify_ratio": 1.5 / 1.1,
+        "expected_tokens": E, "predicted_speedup": predicted, "efficiency": speedup / predicted,
+        "start_target_ms": 2500.0, "start_draft_ms": 600.0, "predicted_with_start": with_start,
+        "efficiency_with_start": speedup / with_start, "draft_share": 0.6 / 2.85, "verify_share": 1.8 / 2.85,
+        "spec_seconds": 1.0, "base_seconds": 2.0, "identical_runs": 5, "compared_runs": 6,
+        "hf_speedup": 1.5, "hf_speedup_min": 0.8, "hf_speedup_max": 2.0, "hf_spec_tok_s": 12.0,
+        "hf_base_tok_s": 7.5, "ours_over_hf": 2.5, "hf_identical_runs": 4,
+    }
+    assert {name: row[name] for name in expected} == pytest.approx(expected, rel=1e-12)
+
+
 def test_pooled_stats_give_alpha_over_all_judged_tokens():
     a, b = SpecStats(gamma=4), SpecStats(gamma=2)
     a.record_step(drafted=4, accepted=1, target_token=True)  # positions 1, 2 judged: 1 accepted
