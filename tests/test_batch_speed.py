@@ -126,3 +126,20 @@ def test_the_best_gamma_is_the_one_whose_shown_ratio_is_highest():
     entry = batch_speed.summarise(repeats, args, pair)["throughput"][1]
     assert entry["spec"][2]["tokens_per_s"] > entry["spec"][1]["tokens_per_s"]
     assert entry["spec"][1]["vs_plain_same_B"] > entry["spec"][2]["vs_plain_same_B"] and entry["best_gamma"] == 1
+
+
+def test_each_ratio_compares_within_a_repeat_with_the_batch_it_names():
+    # Tokens/s per repeat: plain B=1 10, 5, 2.5; plain B=2 20, 20, 10; speculative B=2 (gamma 1) 40, 25, 20.
+    pair = build_pair("tiny", "tiny-draft", weights="tiny")
+    args = argparse.Namespace(new_tokens=10, prompts=1, batch_sizes=[1, 2], gammas=[1], step_batches=[1], alpha=0.8,
+                              context=4)
+    seconds = {"plain B=1": [1.0, 2.0, 4.0], "plain B=2": [0.5, 0.5, 1.0], "spec B=1 gamma=1": [0.5, 1.0, 1.0],
+               "spec B=2 gamma=1": [0.25, 0.4, 0.5]}
+    costs = {"t_step B=1": 0.01, "t_d B=1": 0.001, "bandwidth B=1": 1e10, "flops B=1": 1e10, "t_v B=1 gamma=1": 0.011}
+    stats = {"new_tokens": 10, "alpha": 0.5, "tokens_per_target_call": 2.0}
+    repeats = [{**costs, **{key: (s[i], stats) if key.startswith("spec") else s[i] for key, s in seconds.items()}}
+               for i in range(3)]
+    entry = batch_speed.summarise(repeats, args, pair)["throughput"][2]
+    assert entry["plain_vs_plain_B1"] == 4.0  # the median of 2, 4, 4
+    assert entry["spec"][1]["vs_plain_same_B"] == 2.0  # of 2, 1.25, 2: against plain decoding of 2 rows
+    assert entry["spec"][1]["vs_plain_B1"] == 5.0  # of 4, 5, 8: against plain decoding one prompt at a time

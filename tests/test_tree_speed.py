@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from benchmarks import common
+from benchmarks import common, tree_speed
 from benchmarks.common import run_cli
 from benchmarks.tree_speed import ceiling, interpolate, main, predict_chain, predict_tree
 from spec_decoding import expected_tokens_per_step
@@ -126,3 +126,15 @@ def test_runs_whose_caches_would_not_fit_in_memory_together_are_refused(capsys, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: the runs timed together in lockstep would hold ")
     assert err.endswith("give a smaller --measure or fewer --profiles") and not (tmp_path / "out").exists()
+
+
+def test_each_config_is_compared_with_the_best_chain_within_each_repeat():
+    # Speedups per repeat. The best chain has the highest median (1.6); the tree's ratios to it are 1.25, 0.5 and
+    # 0.8, median 0.8, where the ratio of the two medians (1.5 / 1.6) would say 0.94.
+    configs = {"gamma 2": {"kind": "chain", "speedup": 1.2, "speedups": [1.0, 1.2, 1.3]},
+               "gamma 4": {"kind": "chain", "speedup": 1.6, "speedups": [1.2, 3.0, 1.6]},
+               "2,2": {"kind": "tree", "speedup": 1.5, "speedups": [1.5, 1.5, 1.28]}}
+    best = tree_speed.compare_best(configs)
+    assert (best["chain"], best["tree"]) == ("gamma 4", "2,2")
+    assert best["tree_vs_chain"] == configs["2,2"]["vs_best_chain"] == pytest.approx(0.8)
+    assert configs["gamma 4"]["vs_best_chain"] == 1.0
