@@ -37,11 +37,11 @@ import torch
 import gpt2
 import spec_decoding_generate as cli
 from cli.arguments import MAX_PROMPT_BYTES
-from cli.report import print_comparison
+from cli.report import describe_gammas, print_batch_summary, print_comparison, speedups_agree, tree_rows
 from cli.stream import ACCEPTED_STYLE, TARGET_STYLE, TokenStream, Unfailing
 from gpt2 import GPT2Config, generate, load_model, load_tokenizer
 from gpt2.generate import first_difference
-from spec_decoding import expected_tokens_per_step
+from spec_decoding import BatchStats, SpecStats, expected_tokens_per_step
 from helpers import REPO_ROOT, hub_layout, perturbed_copy, tiny_gpt2, write_checkpoint
 from hub_server import HubServer, closed_endpoint
 
@@ -780,7 +780,23 @@ def test_compare_report_names_the_first_differing_token(folders, capsys):
     out = capsys.readouterr().out
     assert "DIFFERENT from the target alone from new token 1: speculative ' cat' vs target alone ' dog'" in out
     assert "2.00x measured, 1.90x predicted" in out and "disagree" not in out
-    assert "draft 2.00 ms, target 10.00 ms, verification 12.00 ms" in out
+    assert "draft 2.00 ms, target 10.00 ms, verification 12.00 ms (this run; the target alone took 100.00 ms per " \
+        "token)" in out  # 0.3 s for its 3 tokens
+
+
+def test_the_report_figures_from_known_counts(capsys):
+    # Each figure from counts set by hand (the runs above check only the figures' format).
+    stats = SpecStats(4, tree="2,1")
+    stats.gamma_hist = [1, 0, 2, 0, 1]  # K = 0 once, 2 twice, 4 once
+    assert describe_gammas(stats, "auto") == "auto: K = 0 x 1, 2 x 2, 4 x 1 steps (mean 2.0)"
+    stats.drafted, stats.target_calls, stats.reached_at, stats.accepted_at = 12, 4, [4, 2], [3, 1]
+    assert tree_rows(stats)[0] == ("tree", "2,1: 3.0 drafted tokens per step")  # 12 drafted over 4 steps
+    batches = [BatchStats(2, 2), BatchStats(2, 1)]
+    batches[0].active_rows, batches[1].active_rows = [2, 2, 1], [1]  # 6 rows over 4 steps
+    print_batch_summary(batches, 2, 1.0, interrupted=False)
+    assert re.search(r"rows per step\s+1\.50 still active on average", capsys.readouterr().out)
+    # Within 30% of each other, as a ratio: 4.0 and 3.2 agree, 0.5 and 0.7 do not.
+    assert speedups_agree(4.0, 3.2) and speedups_agree(3.2, 4.0) and not speedups_agree(0.5, 0.7)
 
 
 def test_compare_report_says_plainly_when_the_speedups_disagree(folders, capsys):
