@@ -6,12 +6,14 @@ spinning processes. Speed itself is never asserted here."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import itertools
 import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 
@@ -97,6 +99,28 @@ def test_the_report_shows_the_figures_of_the_counted_repeats(tmp_path, monkeypat
     assert f"{ours['r']['5']:.2f}" != f"{ours['r_of_medians']['5']:.2f}", "scripted times that tell them apart"
     assert f"| {1e3 * ours['verify_s']['5']:.1f} | {ours['r']['5']:.2f} |" in report
     assert f"t_v(5) {readable['verify_s']['5'] / ours['verify_s']['5']:.2f}x" in report
+
+
+def test_the_speedup_under_load_is_the_median_of_each_repeats_ratio(monkeypatch):
+    # The lockstep clock scripted: 3 repeats whose median ratio of baseline to speculative seconds is not the
+    # ratio of the median seconds.
+    steps, now = itertools.cycle([0.002, 0.001, 0.004, 0.003, 0.006]), [0.0]
+
+    def scripted(device):
+        now[0] += next(steps)
+        return now[0]
+
+    monkeypatch.setattr(decode_speed, "clock", scripted)
+    args = argparse.Namespace(models=["tiny"], draft="tiny-draft", seed=0, gen=8, warmup=0, repeats=3)
+    result = decode_speed.bench_speedup(args, Spinners(1))
+    of_medians = []
+    for phase in ("quiet", "loaded"):
+        s = result[phase]["samples"]
+        ratios = [b / t for b, t in zip(s["baseline"], s["speculative"])]
+        assert result[phase]["speedup"] == statistics.median(ratios)
+        assert (result[phase]["speedup_min"], result[phase]["speedup_max"]) == (min(ratios), max(ratios))
+        of_medians.append(statistics.median(s["baseline"]) / statistics.median(s["speculative"]))
+    assert result["quiet"]["speedup"] != pytest.approx(of_medians[0]), "scripted times that tell the two apart"
 
 
 def test_the_files_are_written_before_the_report_goes_to_a_reader_that_may_have_left(tmp_path):
