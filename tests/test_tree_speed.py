@@ -13,7 +13,7 @@ import pytest
 from benchmarks import common, tree_speed
 from benchmarks.common import run_cli
 from benchmarks.tree_speed import ceiling, interpolate, main, predict_chain, predict_tree
-from spec_decoding import expected_tokens_per_step
+from spec_decoding import expected_tokens_per_step, speculative_generate
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -138,3 +138,23 @@ def test_each_config_is_compared_with_the_best_chain_within_each_repeat():
     assert (best["chain"], best["tree"]) == ("gamma 4", "2,2")
     assert best["tree_vs_chain"] == configs["2,2"]["vs_best_chain"] == pytest.approx(0.8)
     assert configs["gamma 4"]["vs_best_chain"] == 1.0
+
+
+def test_the_noisy_pairs_alpha_is_accepted_over_judged_pooled_over_its_runs(monkeypatch):
+    import argparse
+
+    runs = []
+
+    def recorded(*args, **kwargs):
+        out, stats = speculative_generate(*args, **kwargs)
+        runs.append((kwargs["temperature"], stats))
+        return out, stats
+
+    monkeypatch.setattr(tree_speed, "speculative_generate", recorded)
+    configs = {"gamma 4": {"kind": "chain", "gamma": 4, "cost": 2.0}}
+    result = tree_speed.noisy_pair(configs, {}, argparse.Namespace(noisy_prompts=2, new_tokens=24))
+    for temperature in (0.0, 1.0):
+        mine = [s for t, s in runs if t == temperature]
+        accepted, judged = sum(s.accepted for s in mine), sum(s.judged for s in mine)
+        assert judged < sum(s.drafted for s in mine), "a pair whose drafts after a rejection go unjudged"
+        assert result[(temperature, "gamma 4")]["alpha"] == accepted / judged
