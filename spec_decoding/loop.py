@@ -161,7 +161,7 @@ def speculative_generate(
     S = T
     if stats is None:
         stats = SpecStats(gamma)
-    if not (isinstance(stats, SpecStats) and stats.gamma == gamma and stats.target_calls == 0):
+    if stats.gamma != gamma:  # a fresh SpecStats: checked above
         raise ValueError(f"stats must be a fresh SpecStats({gamma}) (the largest number of tokens a step drafts)")
 
     # Prefill: both caches take every prompt token but the last (the pending one).
