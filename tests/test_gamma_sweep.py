@@ -74,9 +74,9 @@ def test_prediction_with_start_up_costs():
     )
 
 
-def test_each_column_of_a_row_is_what_its_parts_say():
-    # A cell measured by hand, every number distinct, so that a ratio of medians, an inverted ratio, a swapped
-    # argument or accepted / drafted for α each gives another figure. 3 repeats, 2 prompts, max_gen 10, γ 2.
+def hand_made_cell() -> tuple[gamma_sweep.SweepResult, gamma_sweep.Cell]:
+    """A cell measured by hand, every number distinct, so that a ratio of medians, an inverted ratio, a swapped
+    argument or accepted / drafted for α each gives another figure. 3 repeats, 2 prompts, max_gen 10, γ 2."""
     stats = SpecStats(2)
     stats.record_step(2, 0, target_token=True)  # judged 1 (rejected)
     stats.record_step(2, 2, target_token=True)  # judged 2: α = 2 / 3, accepted per drafted 2 / 4
@@ -87,7 +87,11 @@ def test_each_column_of_a_row_is_what_its_parts_say():
     cell = gamma_sweep.Cell(10, 2, None, spec_seconds=[0.25, 1.6, 1.0], stats=[stats], tokens=30, draft_seconds=0.6,
                             verify_seconds=1.8, identical=5, hf_spec_seconds=[2.0, 2.5, 5.0], hf_identical=4)
     settings = SweepSettings(gammas=(2,), max_gens=(10,), repeats=3, peer="transformers")
-    row = sweep_report.cell_row(gamma_sweep.SweepResult(settings, [("a", 5), ("b", 5)], [cell], {10: group}), cell)
+    return gamma_sweep.SweepResult(settings, [("a", 5), ("b", 5)], [cell], {10: group}), cell
+
+
+def test_each_column_of_a_row_is_what_its_parts_say():
+    row = sweep_report.cell_row(*hand_made_cell())
     E = 1 + 2 / 3 + 4 / 9  # eq. 1 at α = 2/3, γ = 2
     speedup = 4.0  # the median of 1 / 0.25, 2 / 1.6 and 4 / 1; the medians' ratio would say 2
     predicted = E * 1.1 / (2 * 0.2 + 1.5)
@@ -104,6 +108,22 @@ def test_each_column_of_a_row_is_what_its_parts_say():
         "hf_base_tok_s": 7.5, "ours_over_hf": 2.5, "hf_identical_runs": 4,
     }
     assert {name: row[name] for name in expected} == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_plot_draws_each_measured_speedup_down_to_its_slowest_repeat_and_up_to_its_fastest(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    drawn, errorbar = [], Axes.errorbar
+
+    def recorded(self, x, y, *args, yerr=None, **kwargs):
+        drawn.append((list(x), list(y), yerr))
+        return errorbar(self, x, y, *args, yerr=yerr, **kwargs)
+
+    monkeypatch.setattr(Axes, "errorbar", recorded)
+    result, cell = hand_made_cell()
+    env = {"models": {"target": "t", "draft": "d"}, "device_name": "cpu", "dtype": "float32"}
+    sweep_report.plot(result, [sweep_report.cell_row(result, cell)], env, tmp_path / "s.png", tmp_path / "a.png")
+    assert drawn == [([2], [4.0], [[4.0 - 1.25], [0.0]])]  # speedups 4, 1.25, 4: the median is the fastest
 
 
 def test_pooled_stats_give_alpha_over_all_judged_tokens():

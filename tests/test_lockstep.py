@@ -178,6 +178,22 @@ def test_the_self_check_prints_its_table(capsys):
     assert row[1].strip() == "tiny" and all(float(cell) > 0 for cell in row[3:6])
 
 
+def test_the_self_checks_figures_from_scripted_timings(monkeypatch):
+    # Per repeat, in seconds: called before 2 and after 6 (mean 4), in lockstep alone 8, in a thread 3, the two in
+    # lockstep 5 and 4, then 3 and 6. Alone / called: 8 / 4 = 2; thread / called: 0.75; slower / faster: 1.25 and
+    # 2, the largest 2 (their median would be 1.625).
+    import types
+
+    from benchmarks import lockstep as module
+
+    ticks = iter([0, 2, 10, 13, 20, 26, 30, 32, 40, 43, 50, 56])  # each pair: the start and end of a called run
+    turns = iter([{"plain": (8.0, None)}, {"a": (5.0, None), "b": (4.0, None)},
+                  {"plain": (8.0, None)}, {"a": (3.0, None), "b": (6.0, None)}])
+    monkeypatch.setattr(module, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    monkeypatch.setattr(module, "lockstep", lambda methods, clock: next(turns))
+    assert module.check("tiny", 2, repeats=2) == ["tiny", "2", "2.000", "0.750", "2.000"]
+
+
 def test_the_self_check_refuses_bad_settings(capsys):
     assert run_cli(main, ["--repeats", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --repeats must be >= 1"
