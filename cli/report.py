@@ -66,11 +66,11 @@ def print_header(
 ) -> None:
     """`draft`: how the drafter is named (`describe_drafter`); `tree`: the
     TreeShape drafted instead of a chain of `gamma` tokens, or None, of which
-    the target's window (`target_n_ctx`) holds at most n_ctx - 1 tokens."""
+    the target's window (`target_n_ctx`, if given) holds at most n_ctx - 1 tokens."""
     if tree is None:
         print(f"draft {draft} proposes {describe_gamma(gamma)}, target {target} verifies them")
     else:
-        nodes = min(tree.max_nodes, target_n_ctx - 1)
+        nodes = tree.max_nodes if target_n_ctx is None else min(tree.max_nodes, target_n_ctx - 1)
         print(f"draft {draft} proposes a token tree per step ({tree}: up to {nodes} tokens"
               f"{' (what the window holds)' if nodes < tree.max_nodes else ''}, {tree.max_depth} deep), target "
               f"{target} verifies it in one pass")
