@@ -17,6 +17,7 @@ import torch
 
 from gpt2.sampling import SamplingConfig, logits_to_probs
 from spec_decoding import (
+    BatchStats,
     SpecStats,
     Verdict,
     expected_tokens_per_step,
@@ -274,6 +275,9 @@ def test_empty_stats_have_zero_rates_and_nan_per_position():
     assert all(math.isnan(a) for a in stats.position_acceptance)
     # NaN is not JSON: to_dict writes null instead.
     assert json.loads(json.dumps(stats.to_dict()))["position_acceptance"] == [None, None]
+    batch = BatchStats(gamma=2, num_rows=3)  # a batch that never stepped: its rows', and its own, rates are 0
+    assert len(batch.rows) == 3 and batch.alpha == 0.0 and batch.tokens_per_target_call == 0.0
+    assert (batch.target_calls, batch.draft_calls, batch.new_tokens, batch.judged) == (0, 0, 0, 0)
 
 
 def test_to_dict_carries_counters_and_derived_rates():

@@ -307,8 +307,13 @@ def test_rows_ending_at_different_times_end_as_they_would_alone(gamma):
     draft = perturbed_copy(target, scale=0.1, seed=6)
     prompts = [[1, 2], [3], [4, 5, 6]]
     eos_id, ends = eos_with_different_end_times(generate(target, prompts, 20), prompts)
-    with BatchSizes(target) as calls:
-        rows, stats = speculative_generate(target, draft, prompts, gamma=gamma, max_new_tokens=20, eos_id=eos_id)
+    draft_passes = []  # the (rows, tokens) of every draft forward pass: the prompts' prefill first
+    hook = draft.register_forward_pre_hook(lambda module, args: draft_passes.append(tuple(args[0].shape)))
+    try:
+        with BatchSizes(target) as calls:
+            rows, stats = speculative_generate(target, draft, prompts, gamma=gamma, max_new_tokens=20, eos_id=eos_id)
+    finally:
+        hook.remove()
     for prompt, row, end, row_stats in zip(prompts, rows, ends, stats.rows):
         assert row == alone(target, prompt, 20, eos_id=eos_id)
         if end is not None:
@@ -318,6 +323,11 @@ def test_rows_ending_at_different_times_end_as_they_would_alone(gamma):
     # A finished row leaves the batch: the verification passes shrink with it.
     assert calls.sizes == stats.active_rows and stats.active_rows[-1] < len(prompts)
     assert stats.verified_tokens == sum(calls.fed), "every active row is fed its step's longest draft + 1 tokens"
+    assert stats.draft_calls == len(draft_passes) - 1, "the batch's draft forward passes after the prefill"
+    # The batch's wall time per phase is the sum over its steps; a row that took part in every step has the same sum.
+    longest = max(stats.rows, key=lambda row: row.target_calls)
+    assert longest.target_calls == stats.target_calls
+    assert 0 < stats.draft_seconds == longest.draft_seconds and 0 < stats.verify_seconds == longest.verify_seconds
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
