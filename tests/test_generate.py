@@ -16,7 +16,7 @@ import torch
 
 from helpers import TINY, hub_state_dict, make_hf_model, write_checkpoint
 from gpt2 import SamplingConfig, generate, load_model, logits_to_probs, next_token, sample
-from gpt2.sampling import check_generator
+from gpt2.sampling import GREEDY_BELOW_TEMPERATURE, MAX_TEMPERATURE, check_generator
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +180,13 @@ def test_an_integer_temperature_past_64_bits_samples_like_its_float(models):
     assert SamplingConfig(2**100).temperature == float(2**100) and SamplingConfig(1).temperature == 1.0
     out = generate(ours, prompt(), 5, temperature=2**100, generator=torch.Generator().manual_seed(0))
     assert out.shape == (1, prompt().size(1) + 5)
+
+
+def test_the_temperature_bounds_are_where_the_config_says():
+    # Greedy strictly below GREEDY_BELOW_TEMPERATURE; the largest float32 is still a temperature.
+    assert SamplingConfig(math.nextafter(GREEDY_BELOW_TEMPERATURE, 0.0)).greedy
+    assert not SamplingConfig(GREEDY_BELOW_TEMPERATURE).greedy
+    assert SamplingConfig(MAX_TEMPERATURE).temperature == MAX_TEMPERATURE
 
 
 # ---------------------------------------------------------------------------

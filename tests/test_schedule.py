@@ -125,7 +125,7 @@ def test_auto_choice_golden_values(alpha, t_draft, slope, K):
 def test_auto_takes_plain_steps_when_drafting_cannot_pay():
     # A draft step as dear as a target step: even at α = 0.5 no K > 0 pays for itself.
     costs = linear_costs(1.0, 1.0, 0.05)
-    assert best_gamma(0.5, costs, 12) == 0
+    assert best_gamma(0.5, costs, 12) == 0 == best_gamma(1.0, linear_costs(0.0, 1.0, 0.0), 0)  # K in 0 .. 0
     assert all(expected_rate(0.5, K, costs) < expected_rate(0.5, 0, costs) for K in range(1, 13))
 
 
@@ -426,6 +426,8 @@ HELPER_MISTAKES = {
     # An AssertionError, a meaningless ValueError, an AttributeError, a TypeError, a K of 0 for NaN:
     "best_gamma past its costs": (lambda m: best_gamma(0.5, StepCosts(0.1, (1.0, 1.1)), 5),
                                   "max_gamma 5 needs the cost of a pass over 6 tokens; .* give max_gamma <= 1"),
+    "best_gamma one past its costs": (lambda m: best_gamma(0.5, StepCosts(0.1, (1.0, 1.1)), 2),
+                                      "max_gamma 2 needs the cost of a pass over 3 tokens; .* give max_gamma <= 1"),
     "best_gamma of -1": (lambda m: best_gamma(0.5, StepCosts(0.1, (1.0, 1.1)), -1), "max_gamma must be an integer"),
     "best_gamma of 1.5": (lambda m: best_gamma(0.5, StepCosts(0.1, (1.0, 1.1)), 1.5), "max_gamma must be an integer"),
     "best_gamma without costs": (lambda m: best_gamma(0.5, None, 1), "costs must be StepCosts"),
