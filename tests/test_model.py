@@ -262,6 +262,22 @@ def test_a_forward_pass_it_cannot_run_raises_value_error(request, tiny, accelera
     assert cache.lengths.tolist() == [3, 3]  # a refused pass writes nothing
 
 
+# The published checkpoints' parameter counts (the LM head is the tied wte): the benchmarks' random-weight
+# models have the real shapes only if the presets do.
+PUBLISHED_PARAMETERS = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080,
+                        "gpt2-xl": 1_557_611_200, "distilgpt2": 81_912_576}
+
+
+def test_each_preset_has_its_published_checkpoints_shape():
+    for name, expected in PUBLISHED_PARAMETERS.items():
+        config = preset(f"openai-community/{name}" if name != "distilgpt2" else "distilbert/distilgpt2")
+        with torch.device("meta"):  # shapes only, no memory
+            model = GPT2(config)
+        assert sum(p.numel() for p in model.parameters()) == expected, name
+        assert (config.vocab_size, config.n_ctx, config.head_size) == (50257, 1024, 64), name
+    assert GPT2Config() == preset("gpt2")  # the default config is the smallest GPT-2
+
+
 def test_a_model_and_a_preset_by_a_wrong_kind_of_name_say_what_to_give():
     with pytest.raises(ValueError, match=r"GPT2 takes a GPT2Config \(preset\('gpt2'\) for a shape\), got 'gpt2'; "
                        r"for the weights, load_model\('gpt2'\)"):
