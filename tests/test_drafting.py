@@ -144,6 +144,15 @@ def test_p_min_keeps_the_output_and_drafts_less(target, drafts, p_min):
         assert stats.drafted <= stats.draft_calls <= asked
 
 
+def test_p_min_that_stops_every_chain_at_once_when_sampling_takes_plain_steps(target, drafts):
+    # Sampling, an empty draft carries (0, V) probs, which the loop checks like any draft.
+    drafter = ModelDrafter(drafts["perturbed"], p_min=1.0)
+    out, stats = speculative_generate(target, drafter, torch.tensor(PROMPT), gamma=4, max_new_tokens=NEW_TOKENS,
+                                      temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert out.size(1) == len(PROMPT[0]) + NEW_TOKENS == len(PROMPT[0]) + stats.new_tokens
+    assert stats.drafted == 0 and stats.plain_steps == stats.target_calls == NEW_TOKENS
+
+
 def test_p_min_reads_the_draft_under_the_runs_own_filter():
     # When sampling, the draft's confidence is the top probability it samples from (here sharpened by a
     # temperature of 0.5: 0.87, not the 0.64 at temperature 1); greedy has no such distribution and reads

@@ -544,10 +544,12 @@ class ProposesThis(Drafter):
          r"probs under which each drafted token has the probability it was drawn with, in \(0, 1\] \(not "
          r"log-probabilities or logits\), got \[-4.15"),
         (Draft(torch.tensor([1, 2]), torch.full((2, 64), float("nan")), 0), "probs under which .* got \\[nan, nan\\]"),
+        (Draft(torch.tensor([1, 2]), torch.eye(64)[[0, 0]], 0), r"probs under which .* got \[0.0, 0.0\]"),  # never drawn
+        (Draft(torch.tensor([1, 2]), torch.full((2, 64), 2.0), 0), r"probs under which .* got \[2.0, 2.0\]"),
         ([1, 2], "a Draft holding a tensor of tokens, got list"),
     ],
     ids=["too many", "floats", "past the vocabulary", "probs of another shape", "probs on another device",
-         "log-probs", "NaN probs", "not a Draft"],
+         "log-probs", "NaN probs", "probability 0", "probability 2", "not a Draft"],
 )
 def test_a_proposal_the_loop_cannot_verify_is_refused(target, draft, message):
     with pytest.raises(ValueError, match=r"ProposesThis.propose must return " + message):
