@@ -264,13 +264,14 @@ def test_a_forward_pass_it_cannot_run_raises_value_error(request, tiny, accelera
 
 # The published checkpoints' parameter counts (the LM head is the tied wte): the benchmarks' random-weight
 # models have the real shapes only if the presets do.
-PUBLISHED_PARAMETERS = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080,
-                        "gpt2-xl": 1_557_611_200, "distilgpt2": 81_912_576}
+PUBLISHED_PARAMETERS = {"openai-community/gpt2": 124_439_808, "openai-community/gpt2-medium": 354_823_168,
+                        "openai-community/gpt2-large": 774_030_080, "openai-community/gpt2-xl": 1_557_611_200,
+                        "distilbert/distilgpt2": 81_912_576}
 
 
 def test_each_preset_has_its_published_checkpoints_shape():
     for name, expected in PUBLISHED_PARAMETERS.items():
-        config = preset(f"openai-community/{name}" if name != "distilgpt2" else "distilbert/distilgpt2")
+        config = preset(name)  # by its Hub id
         with torch.device("meta"):  # shapes only, no memory
             model = GPT2(config)
         assert sum(p.numel() for p in model.parameters()) == expected, name
