@@ -503,6 +503,7 @@ BAD_BATCHES = {
     "row too long": ([[1], [2] * 64], None, "row 1: the prompt has 64 tokens .* at most 63 tokens"),
     "not integers": ([[1.5, 2.0]], None, "row 0 must be a list of integer token ids"),
     "a string": (["hello"], None, "row 0 must be a list of integer token ids"),
+    "booleans": ([[3], [True, 2]], None, "row 1 must be a list of integer token ids"),  # torch reads True as 1
     "one flat list": ([15, 7, 3], None, r"prompts is one list of token ids, \[15, 7, 3\]: a batch is a list of such"),
     "lengths for a list": ([[1, 2]], [2], "lengths goes with a padded"),
     "lengths too long": (torch.tensor([[1, 2]]), [3], r"row 0: lengths\[0\] = 3 is longer"),

@@ -152,6 +152,8 @@ def test_bad_tree_shapes_say_how_to_fix_them():
         TreeShape(nodes=4)
     with pytest.raises(ValueError, match="give depth <= nodes"):
         TreeShape(nodes=2, depth=3)
+    with pytest.raises(ValueError, match=r"every tree branching \(children per node\) must be an integer >= 1, got 0"):
+        TreeShape(branching=(2, 0))  # a depth without nodes (parse refuses "2,0" on its own)
     # Not a sequence: a TypeError from `not 2`, a RuntimeError from a tensor's truth
     for branching in (2, "2,2", (), torch.tensor(2)):
         with pytest.raises(ValueError, match=r"a tree's branching needs one number per depth, such as \(3, 2, 1, 1\) "
