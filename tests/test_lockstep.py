@@ -7,6 +7,8 @@ on a tiny model (its figures are not asserted)."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -182,9 +184,7 @@ def test_the_self_checks_figures_from_scripted_timings(monkeypatch):
     # Per repeat, in seconds: called before 2 and after 6 (mean 4), in lockstep alone 8, in a thread 3, the two in
     # lockstep 5 and 4, then 3 and 6. Alone / called: 8 / 4 = 2; thread / called: 0.75; slower / faster: 1.25 and
     # 2, the largest 2 (their median would be 1.625).
-    import types
-
-    from benchmarks import lockstep as module
+    from benchmarks import lockstep as module  # the module: its function `lockstep` is imported above
 
     ticks = iter([0, 2, 10, 13, 20, 26, 30, 32, 40, 43, 50, 56])  # each pair: the start and end of a called run
     turns = iter([{"plain": (8.0, None)}, {"a": (5.0, None), "b": (4.0, None)},

@@ -5,6 +5,7 @@ with exit 2. Speed itself is never asserted here."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 
@@ -141,8 +142,6 @@ def test_each_config_is_compared_with_the_best_chain_within_each_repeat():
 
 
 def test_the_noisy_pairs_alpha_is_accepted_over_judged_pooled_over_its_runs(monkeypatch):
-    import argparse
-
     runs = []
 
     def recorded(*args, **kwargs):
