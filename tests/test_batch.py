@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -324,6 +325,9 @@ def test_rows_ending_at_different_times_end_as_they_would_alone(gamma):
     assert calls.sizes == stats.active_rows and stats.active_rows[-1] < len(prompts)
     assert stats.verified_tokens == sum(calls.fed), "every active row is fed its step's longest draft + 1 tokens"
     assert stats.draft_calls == len(draft_passes) - 1, "the batch's draft forward passes after the prefill"
+    # The draft's cache is reused: the prefill held every prompt token but the pending one, and a step's first pass
+    # feeds only the committed tokens the draft has not seen (the target's token, and the last draft if accepted).
+    assert draft_passes[1][1] == 1 and all(tokens <= 2 for _, tokens in draft_passes[1:])
     # The batch's wall time per phase is the sum over its steps; a row that took part in every step has the same sum.
     longest = max(stats.rows, key=lambda row: row.target_calls)
     assert longest.target_calls == stats.target_calls
@@ -377,6 +381,8 @@ def test_a_draft_with_a_shorter_window_drafts_while_it_can(target):
         assert row == alone(target, prompt, 40)
     assert stats.rows[1].drafted == 0 and stats.rows[1].plain_steps == stats.rows[1].target_calls
     assert stats.rows[0].accepted > 0 and stats.rows[2].plain_steps > 0
+    # Row 2 (22 tokens) drafts all 3 at its first step: it feeds positions 21..23, the last the draft's window holds.
+    assert stats.rows[2].gamma_hist[3] >= 1
 
 
 def test_simulated_batch_drafter_keeps_the_output_and_sets_alpha(target, drafts):
@@ -572,6 +578,12 @@ def test_a_batch_drafter_written_elsewhere_is_checked_and_named(target, drafts):
         "probs under which each drafted token has the probability it was drawn with": lambda d: replace(
             d, probs=d.probs.log()),
         "a BatchDraft holding a tensor of tokens, got tuple": lambda d: (d.tokens, d.probs),
+        # a look-alike with the fields of a BatchDraft is no BatchDraft either
+        "a BatchDraft holding a tensor of tokens, got SimpleNamespace": lambda d: SimpleNamespace(**vars(d)),
+        r"probs of shape \(2, >= 2, 64\) on cpu when sampling, got torch.Size\(\[2, 1, 64\]\)": lambda d: replace(
+            d, probs=d.probs[:, :1]),
+        r"probs of shape \(2, >= 2, 64\) on cpu when sampling, got torch.Size\(\[2, 2, 63\]\)": lambda d: replace(
+            d, probs=d.probs[:, :, :63]),
     }
     for message, edit in bad.items():
         with pytest.raises(ValueError, match=f"Proposing.propose must return {message}"):

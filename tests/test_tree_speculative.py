@@ -149,6 +149,12 @@ def test_a_draft_with_a_shorter_window_stops_drafting_and_the_target_goes_on(mod
         out, stats = speculative_generate(target, short_draft, end, max_new_tokens=2, **how)
         assert out.tolist() == generate(target, end, 2).tolist()
         assert stats.drafted == (2 if "tree" in how else 1), how
+    # Two positions before its end the draft's window still takes a level of two nodes: the tree grows a second.
+    trees = []
+    near_end = torch.arange(22)[None] % 64  # (1, 22)
+    tree_speculative_generate(target, short_draft, near_end, tree="2,2,2", max_new_tokens=3,
+                              on_tree=lambda tree, verdict: trees.append(tree))
+    assert trees[0].depth == 2
 
 
 def test_a_dynamic_tree_stops_where_its_nodes_run_out(models):
@@ -278,6 +284,15 @@ def test_the_simulated_tree_drafter_keeps_the_output_and_follows_its_profile(mod
         assert 0 < stats.alpha < 1 and depth1[0] > depth1[1] > 0
 
 
+def test_the_simulated_tree_drafters_ranks_are_one_distribution(models):
+    # Rank r has probability profile[r - 1]; the ranks past the profile share the rest alike. A dynamic tree ranks
+    # candidates by these values, so they must add up to 1 over the vocabulary.
+    target, drafts = models
+    drafter = SimulatedTreeDrafter(drafts["unrelated"], generate(target, prompt(), 5), (0.5, 0.2))
+    ranked = drafter.ranked(torch.zeros(64), 64)
+    assert ranked[:3] == [0.5, 0.2, pytest.approx(0.3 / 62)] and sum(ranked) == pytest.approx(1.0)
+
+
 def test_a_simulated_tree_as_wide_as_the_vocabulary_still_leaves_the_target_token_out():
     # With as many children as tokens, the wrong candidates wrapped round to the right one: profile (0,) accepted all.
     config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=32, vocab_size=4)
@@ -358,6 +373,15 @@ def test_bad_tree_settings_raise_a_clear_error_before_any_work(models, how, mess
     draft = BatchDrafter(drafts["perturbed"]) if draft == "BatchDrafter" else draft
     with ForwardRecorder(target) as rec, pytest.raises(ValueError, match=message):
         speculative_generate(target, draft, prompt(), max_new_tokens=5, **how)
+    assert rec.calls == []
+
+
+def test_the_tree_loop_called_with_two_rows_refuses_them_before_any_work(models):
+    """speculative_generate sends a batch to batch.py before the tree loop; called directly, the loop refuses it."""
+    target, drafts = models
+    two = torch.tensor([[1, 2, 3, 4], [4, 3, 2, 1]])  # (2, 4)
+    with ForwardRecorder(target) as rec, pytest.raises(ValueError, match="one sequence at a time: got a batch of 2$"):
+        tree_speculative_generate(target, drafts["perturbed"], two, tree="2,1", max_new_tokens=5)
     assert rec.calls == []
 
 
