@@ -1112,6 +1112,9 @@ def test_the_first_run_draws_download_progress_bars_on_a_terminal(tmp_path, fold
     # Which file each finished bar names (its URL cut to the bar's width): a loaded machine may redraw one at 100%.
     bars = re.findall(r"([^\s\]]*/resolve/main/model\.safetensors): 100%\|[^|]*\| 6\.\d\dM/6\.\d\dM", out)
     assert len(set(bars)) == 2, f"one finished bar per model.safetensors:\n{out}"
+    # A bar as wide as the terminal, or 80 columns where the terminal reports none.
+    width = max(len(line) for line in re.split(r"[\r\n]", out) if "100%|" in line)
+    assert 80 < width <= 100 if size else width == 80, width
 
 
 def test_hub_unknown_repo_id(tmp_path, folders):

@@ -243,7 +243,9 @@ def test_a_hub_that_answers_with_an_error_is_named_not_taken_for_no_network(hub,
                                                                            monkeypatch):
     server = hub({REPO_ID: served_files(folder)})
     weights = tmp_path / "weights"
-    for status, fix in ((401, "your token was refused: log in again"), (429, "too many requests: wait a minute")):
+    for status, fix in ((401, "your token was refused: log in again"), (403, "access was refused: check that your "
+                                                                          "account may read this repo"),
+                        (429, "too many requests: wait a minute")):
         server.failures = [status] * 10
         with pytest.raises(ValueError, match=f"the Hugging Face Hub answered {status} for config.json of '{REPO_ID}'"
                                              f": {re.escape(fix)}"):
@@ -500,7 +502,8 @@ def test_a_weights_dir_that_is_a_file_raises_value_error(hub, tmp_path, folder):
     hub({REPO_ID: served_files(folder)})
     weights = tmp_path / "weights"
     weights.write_text("a file where the downloads should go")
-    with pytest.raises(ValueError, match=f"cannot create the download folder {weights / 'someorg--tiny-gpt2'}"):
+    with pytest.raises(ValueError, match=f"cannot create the download folder {weights / 'someorg--tiny-gpt2'} "
+                                         r"\(Not a directory\): pass a weights_dir"):
         load_model(REPO_ID, weights_dir=weights)
 
 
