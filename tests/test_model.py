@@ -251,6 +251,12 @@ def test_a_forward_pass_it_cannot_run_raises_value_error(request, tiny, accelera
         f"input_ids holds token id {TINY.vocab_size}, outside this model's vocabulary 0..{TINY.vocab_size - 1}": (
             torch.full_like(ids, TINY.vocab_size), cache, None),
         "input_ids holds token id -1, outside": (torch.full_like(ids, -1), cache, None),
+        # The smallest id is 0: the message names the one outside, the largest.
+        f"input_ids holds token id {TINY.vocab_size}, outside": (torch.tensor([[0, 1, TINY.vocab_size]] * 2), cache,
+                                                                 None),
+        # Without a cache no position is cached: a window one wider than the new tokens reaches before the first.
+        "the mask's window reaches 1 cached positions back, but a row of the cache holds 0": (
+            ids, None, torch.ones(3, 4, dtype=torch.bool)),
         "cache must be a KVCache \\(model.new_cache\\(\\)\\) or None, got bool": (ids, True, None),  # was 'bool'.k
         # Row 1 sees only token 0: run as if it were token 0's position, silently, before the check.
         "the mask's diagonal over the new tokens must be True": (
