@@ -1362,6 +1362,17 @@ def test_a_prompts_file_that_cannot_be_read(tmp_path, capsys):
                      f"--prompts-file {path} cannot be read (File name too long): give a text file you can read")
 
 
+def test_a_prompts_file_is_read_up_to_its_limit_and_refused_past_it(tmp_path, monkeypatch):
+    monkeypatch.setattr("cli.arguments.MAX_PROMPTS_FILE_BYTES", 2**20)  # 1 MiB here, not 256
+    path = tmp_path / "prompts.txt"
+    line = b"a" * 1023 + b"\n"  # 1 KiB
+    path.write_bytes(line * 1024)  # exactly the limit
+    assert len(cli.read_prompts_file(str(path))) == 1024
+    path.write_bytes(line * 1024 + b"b")  # one byte past it
+    with pytest.raises(ValueError, match=f"--prompts-file {path} is over 1 MiB: split it"):
+        cli.read_prompts_file(str(path))
+
+
 def test_a_prompts_file_line_too_long_for_any_context_window(tmp_path, capsys):
     path = tmp_path / "prompts.txt"
     path.write_text("Hello\n" + "a" * (MAX_PROMPT_BYTES + 1) + "\n", encoding="utf-8")
