@@ -791,6 +791,9 @@ def test_the_report_figures_from_known_counts(capsys):
     assert describe_gammas(stats, "auto") == "auto: K = 0 x 1, 2 x 2, 4 x 1 steps (mean 2.0)"
     stats.drafted, stats.target_calls, stats.reached_at, stats.accepted_at = 12, 4, [4, 2], [3, 1]
     assert tree_rows(stats)[0] == ("tree", "2,1: 3.0 drafted tokens per step")  # 12 drafted over 4 steps
+    stats.accepted_rank = [[2, 1], [1, 0]]  # depth 1: twice the first candidate, once the second; depth 2: the first
+    assert tree_rows(stats)[2:4] == [("  depth 1", "accepted 3 of 4 (candidate #1 2, #2 1)"),
+                                     ("  depth 2", "accepted 1 of 2 (candidate #1 1)")]
     batches = [BatchStats(2, 2), BatchStats(2, 1)]
     batches[0].active_rows, batches[1].active_rows = [2, 2, 1], [1]  # 6 rows over 4 steps
     print_batch_summary(batches, 2, 1.0, interrupted=False)
