@@ -36,12 +36,12 @@ import torch
 
 import gpt2
 import spec_decoding_generate as cli
-from cli.arguments import MAX_PROMPT_BYTES
+from cli.arguments import MAX_PROMPT_BYTES, check_settings, check_tree
 from cli.report import describe_gammas, print_batch_summary, print_comparison, speedups_agree, tree_rows
 from cli.stream import ACCEPTED_STYLE, TARGET_STYLE, TokenStream, Unfailing
 from gpt2 import GPT2Config, generate, load_model, load_tokenizer
 from gpt2.generate import first_difference
-from spec_decoding import BatchStats, SpecStats, expected_tokens_per_step
+from spec_decoding import BatchStats, SpecStats, TreeShape, expected_tokens_per_step
 from helpers import REPO_ROOT, hub_layout, perturbed_copy, tiny_gpt2, write_checkpoint
 from hub_server import HubServer, closed_endpoint
 
@@ -527,7 +527,6 @@ def test_plain_steps_once_the_sequence_outgrows_the_draft_window(capsys, folders
 def test_the_gpu_rehearsal_shows_nothing_and_leaves_the_schedule_as_it_was(capsys, folders, single_thread):
     """Off the CPU the run is made once untimed first (`rehearse`); run here on the CPU. It drew every tree of
     --show-tree on stderr before the real run drew them again."""
-    from cli.arguments import check_settings, check_tree
     from gpt2 import load_model
     from spec_decoding import HeuristicGamma, ModelDrafter
 
@@ -880,6 +879,7 @@ def test_compare_report_blames_the_prefill_only_where_it_can_close_the_gap(folde
         (["--tree-nodes", "8"], "--tree-nodes needs --tree-depth: a dynamic tree has a node budget N and a depth D"),
         (["--tree-depth", "3"], "--tree-depth needs --tree-nodes"),
         (["--tree-nodes", "0", "--tree-depth", "1"], "--tree-nodes must be an integer >= 1, got 0"),
+        (["--tree-nodes", "3", "--tree-depth", "0"], "--tree-depth must be an integer >= 1, got 0"),
         (["--tree-nodes", "2", "--tree-depth", "3"], "--tree-depth 3 is more than --tree-nodes 2"),
         (["--tree-nodes", "x"], "argument --tree-nodes: invalid int value: 'x'"),
         (["--tree", "2,1", "--tree-nodes", "4", "--tree-depth", "2"], "give --tree (a fixed shape) or --tree-nodes"),
@@ -893,11 +893,16 @@ def test_compare_report_blames_the_prefill_only_where_it_can_close_the_gap(folde
          "inf-temperature", "top-p-0", "top-p-1.5", "top-p-nan", "top-k-0", "weights-dir-blank",
          "top-k-bool", "seed-float", "empty-prompt",
          "unknown-device", "tree-0", "tree-text", "tree-empty", "tree-nodes-alone", "tree-depth-alone",
-         "tree-nodes-0", "tree-too-deep", "tree-nodes-text", "tree-and-dynamic", "tree-and-gamma",
+         "tree-nodes-0", "tree-depth-0", "tree-too-deep", "tree-nodes-text", "tree-and-dynamic", "tree-and-gamma",
          "batch-size-without-file"],
 )
 def test_bad_settings(capsys, args, message):
     assert_bad_input(run_main(capsys, *args), message)
+
+
+def test_a_dynamic_tree_may_be_one_level_deep():
+    args = cli.build_parser().parse_args(["--tree-nodes", "3", "--tree-depth", "1"])
+    assert check_tree(args) == TreeShape(nodes=3, depth=1)  # three candidates for the next token
 
 
 @pytest.mark.parametrize("stdin", ["", "\n"], ids=["empty", "blank"])
