@@ -38,7 +38,7 @@ import gpt2
 import spec_decoding_generate as cli
 from cli.arguments import MAX_PROMPT_BYTES, check_settings, check_tree
 from cli.report import describe_gammas, print_batch_summary, print_comparison, speedups_agree, tree_rows
-from cli.stream import ACCEPTED_STYLE, TARGET_STYLE, TokenStream, Unfailing
+from cli.stream import ACCEPTED_STYLE, RESET, TARGET_STYLE, TokenStream, Unfailing
 from gpt2 import GPT2Config, generate, load_model, load_tokenizer
 from gpt2.generate import first_difference
 from spec_decoding import BatchStats, SpecStats, TreeShape, expected_tokens_per_step
@@ -685,6 +685,15 @@ def test_stream_holds_back_a_character_split_across_tokens(folders):
     assert "".join(sink.writes) == text
     assert all("\ufffd" not in w for w in sink.writes), "no replacement character: halves are held back"
     assert stream.tokens == tokens
+
+
+def test_stream_colours_each_token_by_who_chose_it(folders):
+    enc = load_tokenizer(folders["target"])
+    sink = Sink()
+    stream = TokenStream(enc, sink, color=True)
+    stream.on_step(enc.encode(" the cat sat"), 2)  # two drafts accepted, then the target's own token
+    assert sink.writes == [f"{ACCEPTED_STYLE} the{RESET}", f"{ACCEPTED_STYLE} cat{RESET}", f"{TARGET_STYLE} sat{RESET}"]
+    assert stream.accepted == [True, True, False]
 
 
 def ctrl_c_in_a_target_pass(monkeypatch, when) -> None:
