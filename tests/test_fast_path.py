@@ -78,7 +78,7 @@ PASSES = {  # B, prompt length, new tokens, mask
     "a batch": (2, 9, 3, None),
     "a token tree": (1, 9, 15, "tree"),
     "a token tree in chunks": (1, 9, MAX_NEW_TOKENS + 36, "tree"),
-    "a long prefill in chunks": (1, 2 * MAX_NEW_TOKENS + 20, 1, None),
+    "a long prefill in chunks": (1, 2 * MAX_NEW_TOKENS + 22, 1, None),  # 150 tokens: three calls of 50
 }
 
 
@@ -546,6 +546,14 @@ def run_python(code: str, tmp_path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=300
     )
+
+
+def test_status_before_anything_is_built_says_the_kernels_will_be_compiled_and_builds_nothing(fast_kernels,
+                                                                                              tmp_path):
+    result = run_python("from gpt2 import fast; print(fast.status())", tmp_path)  # a fresh process, an empty cache
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("fast path available: C kernels to be compiled with ")
+    assert result.stdout.rstrip().endswith(" on first use") and not (tmp_path / "cache").exists()
 
 
 FALLBACK = """
