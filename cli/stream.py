@@ -44,11 +44,12 @@ class TokenStream:
     def on_step(self, tokens: list[int], num_accepted: int) -> None:
         """The loop's callback: the first `num_accepted` tokens were drafted and accepted."""
         for i, token in enumerate(tokens):
+            accepted = i < num_accepted
             self.tokens.append(token)
-            self.accepted.append(i < num_accepted)
+            self.accepted.append(accepted)
             if self.out is not None:
                 text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token))
-                self.write(text, ACCEPTED_STYLE if i < num_accepted else TARGET_STYLE)
+                self.write(text, ACCEPTED_STYLE if accepted else TARGET_STYLE)
         if self.out is not None:
             self.out.flush()
 

@@ -548,8 +548,7 @@ def run_python(code: str, tmp_path, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_status_before_anything_is_built_says_the_kernels_will_be_compiled_and_builds_nothing(fast_kernels,
-                                                                                              tmp_path):
+def test_status_before_any_build_says_the_kernels_will_be_compiled_and_builds_nothing(fast_kernels, tmp_path):
     result = run_python("from gpt2 import fast; print(fast.status())", tmp_path)  # a fresh process, an empty cache
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("fast path available: C kernels to be compiled with ")
