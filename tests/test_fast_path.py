@@ -206,6 +206,102 @@ def test_the_thread_chooser_follows_the_faster_count():
         torch.set_num_threads(before)
 
 
+
+class FakeLoad:
+    """Passes on a fake clock: pass i run with t threads takes cost(t, i) seconds. `used` lists each pass's
+    thread count."""
+
+    def __init__(self, cost) -> None:
+        self.cost, self.now, self.used = cost, 0.0, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def work(self) -> None:
+        threads = torch.get_num_threads()
+        self.now += self.cost(threads, len(self.used))
+        self.used.append(threads)
+
+    def run(self, chooser, passes: int, threads: int) -> list[int]:
+        """`passes` more passes through `chooser` with `threads` threads there; the thread count of each."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            start = len(self.used)
+            for _ in range(passes):
+                chooser.run(1, self.work)
+                assert torch.get_num_threads() == threads  # restored after every pass
+            return self.used[start:]
+        finally:
+            torch.set_num_threads(before)
+
+
+def probe_schedule(first: int, cap: int, start: int, end: int) -> list[int]:
+    """The passes in [start, end) that probe when every probe loses: the first after `first` passes, then at
+    intervals doubling up to `cap`."""
+    at, interval, out = start + first - 1, first, []
+    while at < end:
+        out.append(at)
+        interval = min(2 * interval, cap)
+        at += interval
+    return out
+
+
+@pytest.mark.parametrize("drift", [0.0, 0.005], ids=["steady", "slowly-drifting"])
+def test_losing_probes_grow_rare_and_a_slow_drift_is_not_a_change_of_load(drift):
+    """While probes lose, they come at intervals doubling from FIRST_PROBE up to LAST_PROBE at all threads, and
+    up to LAST_PROBE_BELOW below them. A load that drifts slowly (0.5% per pass, 400x over the run) is followed
+    by the running mean, not taken for a change: no extra probe."""
+    from gpt2.fast.threads import FIRST_PROBE, LAST_PROBE, LAST_PROBE_BELOW, ThreadChooser
+
+    best_all = FakeLoad(lambda t, i: (1.0 if t == 2 else 2.0) * (1 + drift) ** i)
+    used = best_all.run(ThreadChooser(clock=best_all.clock), 1200, threads=2)
+    assert [i for i, t in enumerate(used) if t != 2] == probe_schedule(FIRST_PROBE, LAST_PROBE, 0, 1200)
+
+    best_one = FakeLoad(lambda t, i: (1.0 if t == 1 else 2.0) * (1 + drift) ** i)
+    used = best_one.run(ThreadChooser(clock=best_one.clock), 400, threads=2)
+    assert used[: FIRST_PROBE] == [2] * (FIRST_PROBE - 1) + [1]  # the first probe wins: 1 thread from then on
+    probes = probe_schedule(FIRST_PROBE, LAST_PROBE_BELOW, FIRST_PROBE, 400)
+    assert [i for i, t in enumerate(used) if t == 2 and i >= FIRST_PROBE] == probes
+
+
+def test_a_change_of_load_is_probed_at_once_and_a_few_slow_passes_are_not():
+    """With probes 256 passes apart, a pass time that jumps and stays (3 passes in a row) is probed on the next
+    pass, whichever way it jumped; slow passes that are not 3 in a row probe nothing."""
+    from gpt2.fast.threads import FIRST_PROBE, LAST_PROBE_BELOW, ThreadChooser
+
+    cost = {1: 2.0, 2: 1.0}
+    slow = {300, 320, 322, 324, 340, 341}  # alone, every other pass, two in a row: 3x slower
+    load = FakeLoad(lambda t, i: cost[t] * (3.0 if i in slow and t == 2 else 1.0))
+    chooser = ThreadChooser(clock=load.clock)
+    used = load.run(chooser, 400, threads=2)
+    assert used[248:] == [2] * 152  # the last scheduled probe was pass 247, the next is due at 503
+
+    cost[2] = 3.0  # another process now shares a core: 2 threads are slower than 1
+    used = load.run(chooser, 100, threads=2)
+    assert used[:10] == [2, 2, 2] + [1] * 7  # three slow passes, then a probe of 1 thread, which wins
+    assert [i for i, t in enumerate(used) if t == 2 and i > 3] == probe_schedule(FIRST_PROBE, LAST_PROBE_BELOW, 4, 100)
+
+    cost[1] = 0.6  # and back down, 23 passes before the next scheduled probe: 1 thread got faster, 2 faster still
+    cost[2] = 0.3
+    used = load.run(chooser, 10, threads=2)
+    assert used == [1, 1, 1] + [2] * 7
+
+
+def test_between_all_threads_and_one_the_probes_try_both_sides():
+    """With 4 threads and 2 the fastest count, the chooser walks down from 4 to 2 and then probes 1 and 3 in
+    turn."""
+    from gpt2.fast.threads import ThreadChooser
+
+    cost = {1: 4.0, 2: 2.0, 3: 2.5, 4: 3.0}
+    load = FakeLoad(lambda t, i: cost[t])
+    used = load.run(ThreadChooser(clock=load.clock), 600, threads=4)
+    assert used[:8] == [4] * 7 + [3] and used[8:15] == [3] * 7  # the probe of 3 won
+    settled = used[used.index(2) + 1 :]
+    probes = [t for t in settled if t != 2]
+    assert len(probes) >= 10 and probes[::2] == [3] * len(probes[::2]) and probes[1::2] == [1] * len(probes[1::2])
+
+
 def near_tie_target() -> GPT2:
     """A target whose two best candidates are often nearly tied: token 3's
     embedding (= LM head row) is token 4's plus 1e-8 noise, and 4 is this
