@@ -675,6 +675,18 @@ def test_without_a_working_compiler_it_falls_back_and_says_why(tmp_path, compile
     assert expected in done.stdout and "readable path" in done.stdout
 
 
+
+@pytest.mark.parametrize("stream", ["stderr", "stdout"])
+def test_a_failed_build_says_the_compilers_last_line(tmp_path, stream):
+    """Why the compiler failed is its last line: on stderr, as compilers write it, or on stdout where only that
+    has output. Nothing is left in the cache folder."""
+    to = " >&2" if stream == "stderr" else ""
+    script = f"echo 'In file included from linear.c:1:'{to}; echo 'linear.c:9: error: no such intrinsic'{to}; exit 3"
+    cc = [shutil.which("sh"), "-c", script, "sh"]  # the flags and sources come after, as $1, $2, ...
+    with pytest.raises(RuntimeError, match=r"failed \(exit 3\): linear.c:9: error: no such intrinsic$"):
+        build.compile_library(cc, tmp_path / "kernels.so")
+    assert list(tmp_path.iterdir()) == []
+
 ACCELERATED = """
 import torch
 from gpt2 import GPT2, GPT2Config, fast
