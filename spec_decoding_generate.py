@@ -367,11 +367,16 @@ def check_batch_memory(args: argparse.Namespace, target, draft, prompt_ids: list
                              for m in (target, draft) if m is not None))
     if free is not None and need > free:
         raise ValueError(
-            f"--batch-size {args.batch_size} needs {need / 2**30:.1f} GiB of KV caches for its longest prompts and "
-            f"--max-gen {args.max_gen}, more than the {free / 2**30:.1f} GiB free on {device}: give a smaller "
+            f"--batch-size {args.batch_size} needs {size_text(need)} of KV caches for its longest prompts and "
+            f"--max-gen {args.max_gen}, more than the {size_text(free)} free on {device}: give a smaller "
             "--batch-size or --max-gen"
         )
 
+
+
+def size_text(nbytes: int) -> str:
+    """`nbytes` for a message: in GiB from 1 GiB up, else in MiB (so that little memory does not read 0.0 GiB)."""
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]]) -> int:
     """Decodes every prompt of --prompts-file, --batch-size of them at a time

@@ -29,6 +29,7 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -235,7 +236,9 @@ def test_compare_reports_greedy_outputs_identical_and_both_speedups(tmp_path, fo
 
 
 def test_json_is_one_object_with_every_field(tmp_path, folders):
+    started = time.perf_counter()
     result = run_cli(tmp_path, *local_models(folders), "--json", "--compare", "-p", "Hello world")
+    wall_seconds = time.perf_counter() - started
     assert_ok(result)
     assert result.stdout.count("\n") == 1, "exactly one line of JSON on stdout, nothing else"
     out = json.loads(result.stdout)
@@ -266,6 +269,9 @@ def test_json_is_one_object_with_every_field(tmp_path, folders):
     timings = out["timings"]
     assert set(timings) == {"load_seconds", "generate_seconds", "tokens_per_second", "draft_seconds", "verify_seconds"}
     assert timings["tokens_per_second"] > 0
+    # durations within the run: each part positive and the parts inside the whole (not a speed: a wrong clock)
+    assert 0 < timings["draft_seconds"] + timings["verify_seconds"] <= timings["generate_seconds"]
+    assert 0 < timings["load_seconds"] and timings["load_seconds"] + timings["generate_seconds"] < wall_seconds
     comparison = out["comparison"]
     assert comparison["greedy"] is True and comparison["identical"] is True
     assert comparison["first_difference"] is None
@@ -1042,6 +1048,44 @@ def test_draft_and_target_with_different_vocabularies(capsys, folders, single_th
     assert_bad_input(result, "draft and target have different vocabularies (50300 vs 50257 tokens)")
 
 
+
+def without_vocabulary(folders: dict[str, Path], tmp_path: Path) -> Path:
+    """The target's folder with its weights and config but no vocab.json and merges.txt."""
+    bare = tmp_path / "no_vocabulary"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).symlink_to(folders["target"] / name)
+    return bare
+
+
+def test_a_target_without_vocabulary_files_and_tiktoken_offline(tmp_path, capsys, folders, monkeypatch):
+    """Where the target's folder has no vocabulary and tiktoken cannot fetch its own (no network), the error
+    says which folder and what to copy there."""
+    import tiktoken
+
+    def offline(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    bare = without_vocabulary(folders, tmp_path)
+    result = run_main(capsys, "--draft", str(folders["draft"]), "--target", str(bare))
+    assert_bad_input(result, f"no GPT-2 tokenizer: {bare} has no vocab.json + merges.txt and tiktoken could not "
+                     "get its 'gpt2' files (FileNotFoundError): copy vocab.json and merges.txt of GPT-2 into")
+
+
+def test_a_vocabulary_that_cannot_be_read_is_not_called_missing(capsys, folders, monkeypatch):
+    """A vocab.json that is there but cannot be read (another user's file) is named with why, not reported as
+    missing."""
+    import gpt2.tokenizer
+
+    def unreadable(vocab, merges):
+        raise PermissionError(13, "Permission denied", str(vocab))
+
+    monkeypatch.setattr(gpt2.tokenizer, "read_mergeable_ranks", unreadable)
+    result = run_main(capsys, *local_models(folders))
+    assert_bad_input(result, f"Permission denied: '{folders['target'] / 'vocab.json'}'")
+    assert "no GPT-2 tokenizer" not in result.stderr
+
 def test_corrupt_weights_file(tmp_path, capsys, folders, single_thread):
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -1209,6 +1253,19 @@ def test_jsonl_and_json_give_one_object_per_prompt_whatever_the_batch_size(tmp_p
     assert [o["token_ids"] for o in runs["1"]] == [o["token_ids"] for o in objects], "the batch size changes nothing"
 
 
+
+def test_a_prompts_file_of_one_prompt(tmp_path, capsys, folders, single_thread):
+    """One line is a batch of one row: the prompt's own decoding, timed within the run."""
+    path = tmp_path / "prompts.txt"
+    path.write_text("Hello world\n", encoding="utf-8")
+    started = time.perf_counter()
+    result = run_main(capsys, *local_models(folders), "--json", "--prompts-file", str(path))
+    wall_seconds = time.perf_counter() - started
+    assert_ok(result)
+    (row,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert row["token_ids"] == single_json(capsys, folders, "Hello world")["token_ids"]
+    assert row["batch"]["num_rows"] == 1 and 0 < row["batch"]["seconds"] < wall_seconds
+
 @pytest.mark.parametrize("output", ["text", "json"])
 def test_ctrl_c_in_a_batch_leaves_a_row_that_had_finished_finished(tmp_path, capsys, folders, monkeypatch,
                                                                    single_thread, output):
@@ -1235,6 +1292,17 @@ def test_ctrl_c_in_a_batch_leaves_a_row_that_had_finished_finished(tmp_path, cap
         assert re.search(r"\[\d+ new tokens? in \d+ target calls?, interrupted \(Ctrl-C\);", result.stdout)
         assert re.search(r"prompts\s+2 in 1 batch of up to 2, interrupted \(Ctrl-C\)", result.stdout)
 
+
+@pytest.mark.parametrize("sampling_filter",
+                         [[], ["--top-k", "1"], ["--top-p", "0.5"], ["--top-k", "1", "--top-p", "0.5"]])
+def test_a_filter_without_temperature_is_noted_and_changes_nothing(capsys, folders, single_thread, sampling_filter):
+    """Greedy decoding (no --temperature) with --top-k or --top-p, or both: a note says they apply only when
+    sampling, and the text is the greedy one."""
+    result = run_main(capsys, *local_models(folders), "--json", "-p", "Hello world", *sampling_filter)
+    assert_ok(result)
+    noted = "note: --top-k and --top-p only apply when sampling (--temperature > 0)" in result.stderr
+    assert noted == bool(sampling_filter)
+    assert json.loads(result.stdout)["token_ids"] == single_json(capsys, folders, "Hello world")["token_ids"]
 
 @pytest.mark.parametrize("sampling_filter", [["--top-k", "1"], ["--top-p", "1e-9"]])
 def test_a_filter_that_keeps_one_token_samples_the_greedy_text_alone_and_batched(tmp_path, capsys, folders,
@@ -1288,10 +1356,16 @@ def test_a_batch_whose_caches_would_not_fit_in_memory(tmp_path, capsys, folders,
     need = 3 * (max(lengths) + int(MAX_GEN)) * 2 * 2 * (2 * CONFIG.n_embd) * 4
     monkeypatch.setattr(cli, "free_memory", lambda device: need - 1)
     result = run_main(capsys, *local_models(folders), "--prompts-file", str(path), "--batch-size", "3")
-    assert_bad_input(result, f"--batch-size 3 needs {need / 2**30:.1f} GiB of KV caches for its longest prompts and "
-                     "--max-gen 20, more than the 0.0 GiB free on cpu: give a smaller --batch-size or --max-gen")
+    assert_bad_input(result, f"--batch-size 3 needs {need / 2**20:.1f} MiB of KV caches for its longest prompts and "
+                     f"--max-gen 20, more than the {(need - 1) / 2**20:.1f} MiB free on cpu: give a smaller "
+                     "--batch-size or --max-gen")
     monkeypatch.setattr(cli, "free_memory", lambda device: need)  # just enough: it runs
     assert_ok(run_main(capsys, *local_models(folders), "--prompts-file", str(path), "--batch-size", "3"))
+
+
+def test_memory_sizes_in_messages_are_in_gib_from_1_gib_and_in_mib_below():
+    assert [cli.size_text(n) for n in (3 * 2**29, 2**30, 2**30 - 2**19, 5 * 2**20)] == [
+        "1.5 GiB", "1.0 GiB", "1023.5 MiB", "5.0 MiB"]
 
 
 def test_free_memory_is_what_linux_reports_available():

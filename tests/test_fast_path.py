@@ -352,7 +352,8 @@ EDITS = {
     "the tied head written in place": lambda m: m.wte.weight.add_(0.1),
     # The first new storage is freed by the second, which may take the packed weight's address back at the same
     # version: the packed copy holds its source's storage, so that address stays taken.
-    "given new storage twice": lambda m: [setattr(w, "data", torch.randn_like(w)) for w in [m.h[0].mlp.c_fc.weight] * 2],
+    "given new storage twice": lambda m: [setattr(w, "data", torch.randn_like(w))
+                                          for w in [m.h[0].mlp.c_fc.weight] * 2],
     "a layer norm written in place": lambda m: m.h[0].ln_2.weight.mul_(-1),
 }
 
