@@ -192,7 +192,7 @@ def check(shape_name: str, tokens: int, repeats: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(prog="python -m benchmarks.lockstep",
-                                 description="Checks that lockstep timing leaves a pass's speed alone.")
+                        description="Checks that lockstep timing leaves a pass's speed alone.")
     ap.add_argument("--repeats", type=int, default=6, help="repeats (default 6)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--tiny", action="store_true", help="a tiny random model instead (a smoke run)")

@@ -7,6 +7,7 @@ simulation. Speed itself is never asserted here."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib
 import json
 import math
@@ -84,7 +85,7 @@ def hand_made_cell() -> tuple[gamma_sweep.SweepResult, gamma_sweep.Cell]:
                               hf_base_seconds=[3.0, 5.0, 4.0], t_draft=[0.1, 0.2, 0.3], t_target=[1.0, 1.2, 1.1],
                               t_verify={2: [1.5, 1.6, 1.4]}, t_start_target=[2.0, 3.0, 2.5],
                               t_start_draft=[0.5, 0.7, 0.6])
-    cell = gamma_sweep.Cell(10, 2, None, spec_seconds=[0.25, 1.6, 1.0], stats=[stats], tokens=30, draft_seconds=0.6,
+    cell = gamma_sweep.Cell(10, 2, None, spec_seconds=[0.25, 1.6, 1.25], stats=[stats], tokens=30, draft_seconds=0.6,
                             verify_seconds=1.8, identical=5, hf_spec_seconds=[2.0, 2.5, 5.0], hf_identical=4)
     settings = SweepSettings(gammas=(2,), max_gens=(10,), repeats=3, peer="transformers")
     return gamma_sweep.SweepResult(settings, [("a", 5), ("b", 5)], [cell], {10: group}), cell
@@ -93,21 +94,24 @@ def hand_made_cell() -> tuple[gamma_sweep.SweepResult, gamma_sweep.Cell]:
 def test_each_column_of_a_row_is_what_its_parts_say():
     row = sweep_report.cell_row(*hand_made_cell())
     E = 1 + 2 / 3 + 4 / 9  # eq. 1 at α = 2/3, γ = 2
-    speedup = 4.0  # the median of 1 / 0.25, 2 / 1.6 and 4 / 1; the medians' ratio would say 2
+    speedup = 3.2  # the median of 1 / 0.25, 2 / 1.6 and 4 / 1.25; the medians' ratio would say 1.6
     predicted = E * 1.1 / (2 * 0.2 + 1.5)
     with_start = (2.5 + 10 * 1.1) / (2.5 + 0.6 + 10 / E * (2 * 0.2 + 1.5))
     expected = {
-        "speedup": speedup, "speedup_min": 1.25, "speedup_max": 4.0, "spec_tok_s": 30.0, "base_tok_s": 15.0,
+        "speedup": speedup, "speedup_min": 1.25, "speedup_max": 4.0, "spec_tok_s": 24.0, "base_tok_s": 15.0,
         "alpha": 2 / 3, "accepted_per_drafted": 0.5, "tokens_per_call": 2.0, "t_draft_ms": 200.0,
         "t_target_ms": 1100.0, "t_verify_ms": 1500.0, "c": 0.2 / 1.1, "verify_ratio": 1.5 / 1.1,
         "expected_tokens": E, "predicted_speedup": predicted, "efficiency": speedup / predicted,
         "start_target_ms": 2500.0, "start_draft_ms": 600.0, "predicted_with_start": with_start,
-        "efficiency_with_start": speedup / with_start, "draft_share": 0.6 / 2.85, "verify_share": 1.8 / 2.85,
-        "spec_seconds": 1.0, "base_seconds": 2.0, "identical_runs": 5, "compared_runs": 6,
+        "efficiency_with_start": speedup / with_start, "draft_share": 0.6 / 3.1, "verify_share": 1.8 / 3.1,
+        "spec_seconds": 1.25, "base_seconds": 2.0, "identical_runs": 5, "compared_runs": 6,
         "hf_speedup": 1.5, "hf_speedup_min": 0.8, "hf_speedup_max": 2.0, "hf_spec_tok_s": 12.0,
-        "hf_base_tok_s": 7.5, "ours_over_hf": 2.5, "hf_identical_runs": 4,
+        "hf_base_tok_s": 7.5, "ours_over_hf": 2.0, "hf_identical_runs": 4,
     }
     assert {name: row[name] for name in expected} == pytest.approx(expected, rel=1e-12)
+    result, cell = hand_made_cell()
+    result.settings = dataclasses.replace(result.settings, sampling=SamplingConfig(temperature=1.0))
+    assert sweep_report.cell_row(result, cell)["compared_runs"] == 0  # sampled runs are not compared
 
 
 def test_the_plot_draws_each_measured_speedup_down_to_its_slowest_repeat_and_up_to_its_fastest(tmp_path, monkeypatch):
@@ -123,7 +127,41 @@ def test_the_plot_draws_each_measured_speedup_down_to_its_slowest_repeat_and_up_
     result, cell = hand_made_cell()
     env = {"models": {"target": "t", "draft": "d"}, "device_name": "cpu", "dtype": "float32"}
     sweep_report.plot(result, [sweep_report.cell_row(result, cell)], env, tmp_path / "s.png", tmp_path / "a.png")
-    assert drawn == [([2], [4.0], [[4.0 - 1.25], [0.0]])]  # speedups 4, 1.25, 4: the median is the fastest
+    assert drawn == [([2], [3.2], [[3.2 - 1.25], [4.0 - 3.2]])]  # speedups 4, 1.25, 3.2
+
+
+def steps(*accepted: int) -> SpecStats:
+    """The stats of steps drafting 2 tokens each, of which `accepted` were accepted."""
+    stats = SpecStats(2)
+    for a in accepted:
+        stats.record_step(2, a, target_token=True)
+    return stats
+
+
+def test_the_acceptance_plot_draws_each_simulated_alpha_from_its_own_chains(tmp_path, monkeypatch):
+    """One line per simulated α: the per-position acceptance of that α's chain cells pooled, leaving out the other
+    α's cells and a tree of the same α (its depths are not a chain's draft positions)."""
+    from matplotlib.axes import Axes
+
+    drawn, plot = {}, Axes.plot
+
+    def recorded(self, x, y, *args, label="", **kwargs):
+        if label.startswith("simulated") and "," not in label:  # not "..., predicted": the acceptance lines
+            drawn[label] = (list(x), list(y))
+        return plot(self, x, y, *args, label=label, **kwargs)
+
+    monkeypatch.setattr(Axes, "plot", recorded)
+    result, cell = hand_made_cell()
+    cells = [dataclasses.replace(cell, alpha_sim=0.5, stats=[steps(0, 2)]),  # positions 1, 2: 1 of 2, 1 of 1
+             dataclasses.replace(cell, alpha_sim=0.7, stats=[steps(1), steps(2)]),  # 2 of 2, 1 of 2
+             dataclasses.replace(cell, alpha_sim=0.7, tree="2,1", stats=[steps(0, 0, 0)])]
+    result.groups[10].t_verify["2,1"] = [1.0]
+    result = gamma_sweep.SweepResult(SweepSettings(gammas=(2,), max_gens=(10,), simulate=(0.5, 0.7), trees=("2,1",)),
+                                     result.prompts, cells, result.groups)
+    env = {"models": {"target": "t", "draft": "d"}, "device_name": "cpu", "dtype": "float32"}
+    rows = [sweep_report.cell_row(result, c) for c in cells]
+    sweep_report.plot(result, rows, env, tmp_path / "s.png", tmp_path / "a.png")
+    assert drawn == {"simulated α = 0.5": ([1, 2], [0.5, 1.0]), "simulated α = 0.7": ([1, 2], [1.0, 0.5])}
 
 
 def test_pooled_stats_give_alpha_over_all_judged_tokens():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks.common import run_cli
-from benchmarks.lockstep import lockstep, main, plain_decoding, stepwise
+from benchmarks.lockstep import lockstep, main, plain_decoding, rotated, stepwise
 from gpt2 import SamplingConfig, generate
 from spec_decoding import speculative_generate
 from helpers import TINY, tiny_gpt2
@@ -44,6 +44,17 @@ def test_the_method_with_the_fewest_tokens_runs_and_each_is_timed_over_its_own_t
     # The fake clock ran 6 + 10 + 1 seconds in all; each method is charged its own steps only.
     assert timed == {"a": (6.5, "A"), "b": (10.5, "B")}
 
+
+
+@pytest.mark.parametrize("shift, first", [(0, "a"), (1, "b"), (4, "b"), (-1, "c")])
+def test_rotated_methods_change_who_moves_first_and_wins_ties(shift, first):
+    """The benchmarks rotate their methods by repeat, so that no method always takes the first turn."""
+    now, log = [0.0], []
+    methods = {name: stepper(name, 1, 1.0, 2, now, log) for name in "abc"}
+    order = "abc"[shift % 3 :] + "abc"[: shift % 3]
+    assert list(rotated(methods, shift)) == list(order) and order[0] == first
+    lockstep(rotated(methods, shift), clock=lambda: now[0])
+    assert [name for name, _ in log] == [*order, *order]  # ties at every turn: the first of the order wins
 
 def test_inference_mode_stays_on_for_a_method_that_outlives_another():
     seen = []
