@@ -373,10 +373,10 @@ def check_batch_memory(args: argparse.Namespace, target, draft, prompt_ids: list
         )
 
 
-
 def size_text(nbytes: int) -> str:
     """`nbytes` for a message: in GiB from 1 GiB up, else in MiB (so that little memory does not read 0.0 GiB)."""
     return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
 
 def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]]) -> int:
     """Decodes every prompt of --prompts-file, --batch-size of them at a time

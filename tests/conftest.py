@@ -6,7 +6,8 @@
   go to a session folder, not the user's cache;
 - the local Hub server fixtures (`hub`, `no_hub`, from hub_server.py);
 - `fast_kernels`, for the tests of the C fast path;
-- `single_thread`, for the tests of tiny models.
+- `single_thread`, for the tests of tiny models;
+- `tiktoken_offline`: tiktoken with nothing cached and no network.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+import requests
+import tiktoken.load
+import tiktoken.registry
 import torch
 
 from benchmarks.common import load_prompt_tokenizer
@@ -60,7 +64,6 @@ def offline_tiktoken_cache(tmp_path_factory: pytest.TempPathFactory):
 def no_network(tmp_path_factory: pytest.TempPathFactory):
     """No test reaches the network, even one whose checks regress: huggingface_hub talks to a closed local port
     (the `hub` fixture points it at a local server instead), and tiktoken reads only its cache."""
-    import tiktoken.load
 
     def refuse(url: str) -> bytes:
         raise ConnectionError(f"tests do not reach the network (tiktoken wanted {url})")
@@ -69,6 +72,23 @@ def no_network(tmp_path_factory: pytest.TempPathFactory):
         point_huggingface_hub_at(patch, closed_endpoint(), tmp_path_factory.mktemp("hf_home"))
         patch.setattr(tiktoken.load, "read_file", refuse)
         yield
+
+
+@pytest.fixture
+def tiktoken_offline(monkeypatch, tmp_path) -> list[str]:
+    """tiktoken as on a machine with no network and nothing cached: an empty
+    cache folder, no encoding loaded yet, and every download raising requests'
+    ConnectionError (no request leaves). Returns the URLs tiktoken asked for."""
+    asked = []
+
+    def no_network(url: str) -> bytes:
+        asked.append(url)
+        raise requests.ConnectionError(f"no network in the tests: {url}")
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty_tiktoken_cache"))
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # forget the "gpt2" loaded by earlier tests
+    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
+    return asked
 
 
 @pytest.fixture(scope="session", autouse=True)

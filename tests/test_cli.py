@@ -1048,7 +1048,6 @@ def test_draft_and_target_with_different_vocabularies(capsys, folders, single_th
     assert_bad_input(result, "draft and target have different vocabularies (50300 vs 50257 tokens)")
 
 
-
 def without_vocabulary(folders: dict[str, Path], tmp_path: Path) -> Path:
     """The target's folder with its weights and config but no vocab.json and merges.txt."""
     bare = tmp_path / "no_vocabulary"
@@ -1058,19 +1057,14 @@ def without_vocabulary(folders: dict[str, Path], tmp_path: Path) -> Path:
     return bare
 
 
-def test_a_target_without_vocabulary_files_and_tiktoken_offline(tmp_path, capsys, folders, monkeypatch):
+def test_a_target_without_vocabulary_files_and_tiktoken_offline(tmp_path, capsys, folders, tiktoken_offline):
     """Where the target's folder has no vocabulary and tiktoken cannot fetch its own (no network), the error
     says which folder and what to copy there."""
-    import tiktoken
-
-    def offline(name):
-        raise ConnectionError("no network")
-
-    monkeypatch.setattr(tiktoken, "get_encoding", offline)
     bare = without_vocabulary(folders, tmp_path)
     result = run_main(capsys, "--draft", str(folders["draft"]), "--target", str(bare))
     assert_bad_input(result, f"no GPT-2 tokenizer: {bare} has no vocab.json + merges.txt and tiktoken could not "
                      "get its 'gpt2' files (FileNotFoundError): copy vocab.json and merges.txt of GPT-2 into")
+    assert tiktoken_offline, "tiktoken was asked for its files, and no request left"
 
 
 def test_a_vocabulary_that_cannot_be_read_is_not_called_missing(capsys, folders, monkeypatch):
@@ -1085,6 +1079,7 @@ def test_a_vocabulary_that_cannot_be_read_is_not_called_missing(capsys, folders,
     result = run_main(capsys, *local_models(folders))
     assert_bad_input(result, f"Permission denied: '{folders['target'] / 'vocab.json'}'")
     assert "no GPT-2 tokenizer" not in result.stderr
+
 
 def test_corrupt_weights_file(tmp_path, capsys, folders, single_thread):
     broken = tmp_path / "broken"
@@ -1253,7 +1248,6 @@ def test_jsonl_and_json_give_one_object_per_prompt_whatever_the_batch_size(tmp_p
     assert [o["token_ids"] for o in runs["1"]] == [o["token_ids"] for o in objects], "the batch size changes nothing"
 
 
-
 def test_a_prompts_file_of_one_prompt(tmp_path, capsys, folders, single_thread):
     """One line is a batch of one row: the prompt's own decoding, timed within the run."""
     path = tmp_path / "prompts.txt"
@@ -1265,6 +1259,7 @@ def test_a_prompts_file_of_one_prompt(tmp_path, capsys, folders, single_thread):
     (row,) = [json.loads(line) for line in result.stdout.splitlines()]
     assert row["token_ids"] == single_json(capsys, folders, "Hello world")["token_ids"]
     assert row["batch"]["num_rows"] == 1 and 0 < row["batch"]["seconds"] < wall_seconds
+
 
 @pytest.mark.parametrize("output", ["text", "json"])
 def test_ctrl_c_in_a_batch_leaves_a_row_that_had_finished_finished(tmp_path, capsys, folders, monkeypatch,
@@ -1303,6 +1298,7 @@ def test_a_filter_without_temperature_is_noted_and_changes_nothing(capsys, folde
     noted = "note: --top-k and --top-p only apply when sampling (--temperature > 0)" in result.stderr
     assert noted == bool(sampling_filter)
     assert json.loads(result.stdout)["token_ids"] == single_json(capsys, folders, "Hello world")["token_ids"]
+
 
 @pytest.mark.parametrize("sampling_filter", [["--top-k", "1"], ["--top-p", "1e-9"]])
 def test_a_filter_that_keeps_one_token_samples_the_greedy_text_alone_and_batched(tmp_path, capsys, folders,

@@ -206,7 +206,6 @@ def test_the_thread_chooser_follows_the_faster_count():
         torch.set_num_threads(before)
 
 
-
 class FakeLoad:
     """Passes on a fake clock: pass i run with t threads takes cost(t, i) seconds. `used` lists each pass's
     thread count."""
@@ -674,7 +673,6 @@ def test_without_a_working_compiler_it_falls_back_and_says_why(tmp_path, compile
     done = run_python(FALLBACK, tmp_path, CC=compiler)
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout and "readable path" in done.stdout
-
 
 
 @pytest.mark.parametrize("stream", ["stderr", "stdout"])

@@ -45,7 +45,6 @@ def test_the_method_with_the_fewest_tokens_runs_and_each_is_timed_over_its_own_t
     assert timed == {"a": (6.5, "A"), "b": (10.5, "B")}
 
 
-
 @pytest.mark.parametrize("shift, first", [(0, "a"), (1, "b"), (4, "b"), (-1, "c")])
 def test_rotated_methods_change_who_moves_first_and_wins_ties(shift, first):
     """The benchmarks rotate their methods by repeat, so that no method always takes the first turn."""
@@ -55,6 +54,7 @@ def test_rotated_methods_change_who_moves_first_and_wins_ties(shift, first):
     assert list(rotated(methods, shift)) == list(order) and order[0] == first
     lockstep(rotated(methods, shift), clock=lambda: now[0])
     assert [name for name, _ in log] == [*order, *order]  # ties at every turn: the first of the order wins
+
 
 def test_inference_mode_stays_on_for_a_method_that_outlives_another():
     seen = []

@@ -9,10 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-import requests
 import tiktoken
-import tiktoken.load
-import tiktoken.registry
 
 from gpt2 import END_OF_TEXT_ID, load_tokenizer
 
@@ -43,23 +40,6 @@ def model_folder(tmp_path_factory, gpt2_bpe_dir):
 @pytest.fixture(scope="module")
 def enc(model_folder) -> tiktoken.Encoding:
     return load_tokenizer(model_folder)
-
-
-@pytest.fixture
-def tiktoken_offline(monkeypatch, tmp_path) -> list[str]:
-    """tiktoken as on a machine with no network and nothing cached: an empty
-    cache folder, no encoding loaded yet, and every download raising requests'
-    ConnectionError (no request leaves). Returns the URLs tiktoken asked for."""
-    asked = []
-
-    def no_network(url: str) -> bytes:
-        asked.append(url)
-        raise requests.ConnectionError(f"no network in the tests: {url}")
-
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty_tiktoken_cache"))
-    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # forget the "gpt2" loaded by earlier tests
-    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
-    return asked
 
 
 def test_golden_ids(enc):
