@@ -1,0 +1,78 @@
+"""benchmarks/common.py's helpers that no benchmark's own tests pin down: the commit in every result's header,
+where a verification pass stops fitting the context window, the noise of a noisy draft, and which vocabulary
+the benchmark prompts are encoded with."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from benchmarks.common import check_passes_fit, git_commit, load_prompt_tokenizer, noisy_copy, random_model
+from helpers import GPT2_BPE_DIR, REPO_ROOT, TINY
+
+
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+
+
+def test_the_results_header_names_the_commit_measured_and_whether_files_had_changed():
+    if shutil.which("git") is None or git("rev-parse", "HEAD").returncode != 0:
+        assert git_commit() is None  # not a git checkout (an unpacked archive): no commit to name
+        return
+    commit = git_commit()
+    head = git("rev-parse", "HEAD").stdout.strip()
+    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip() != ""
+    short, _, suffix = commit.partition("+")
+    assert len(short) >= 7 and head.startswith(short), (commit, head)
+    assert suffix == ("dirty" if dirty else ""), (commit, dirty)
+
+
+@pytest.mark.parametrize("used, message", [
+    (8, "--gamma 2 verifies 3 tokens in one pass, but after the prompt (8 positions) the context window of 10 has "
+        "room for 2: give gammas of at most 1 and trees of at most 1 nodes"),
+    (9, "has room for 1: shorten the prompt or the run"),  # no gamma of at least 1 fits
+    (12, "(12 positions) the context window of 10 has room for 0: shorten the prompt or the run"),
+])
+def test_a_pass_past_the_context_window_says_what_still_fits(used, message):
+    with pytest.raises(ValueError) as raised:
+        check_passes_fit(10, used, "the prompt", {"--gamma 2": 3})
+    assert message in str(raised.value)
+    check_passes_fit(10, 8, "the prompt", {"--gamma 1": 2})  # a pass that fills the window exactly fits
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_a_noisy_copy_adds_noise_of_the_scale_asked_to_weight_matrices_only(relative):
+    """The noise added to the weight matrices and embeddings (TINY: 29,856 values) has standard deviation `scale`
+    (relative: `scale` times each matrix's own), within 5% (the estimate's own spread is about 0.4%; twice the
+    scale fails); layer norms and biases are the original's."""
+    model = random_model(TINY, seed=0, accelerate=False)
+    copy = noisy_copy(model, scale=0.01, seed=1, relative=relative)
+    noise, unchanged = [], []
+    with torch.no_grad():
+        for (name, before), after in zip(model.named_parameters(), copy.parameters()):
+            if name.endswith("weight") and "ln_" not in name:
+                noise.append(((after - before) / (before.std() if relative else 1.0)).flatten())
+            else:
+                unchanged.append(torch.equal(after, before))
+        noise = torch.cat(noise)
+    assert noise.numel() == 29_856 and all(unchanged) and len(unchanged) == 18
+    assert float(noise.std()) == pytest.approx(0.01, rel=0.05)
+
+
+def test_the_benchmark_prompts_use_the_model_folders_own_vocabulary(tmp_path):
+    """A model folder with vocab.json and merges.txt is the prompts' tokenizer (a broken one is reported, not
+    replaced by the shared GPT-2 files); a folder without them falls back to GPT-2's."""
+    if not GPT2_BPE_DIR.is_dir():
+        pytest.skip(f"the GPT-2 vocabulary files are not at {GPT2_BPE_DIR}")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    assert load_prompt_tokenizer(folder).encode("Hello world") == [15496, 995]
+    shutil.copyfile(GPT2_BPE_DIR / "encoder.json", folder / "vocab.json")
+    shutil.copyfile(GPT2_BPE_DIR / "vocab.bpe", folder / "merges.txt")
+    assert load_prompt_tokenizer(folder).encode("Hello world") == [15496, 995]
+    (folder / "vocab.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(ValueError, match="vocab.json"):
+        load_prompt_tokenizer(folder)
