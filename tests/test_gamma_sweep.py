@@ -27,6 +27,7 @@ from benchmarks.common import run_cli
 from benchmarks.gamma_sweep import ComponentTimer, SweepSettings, main
 from benchmarks.lockstep import lockstep
 from benchmarks.sweep_report import COLUMNS, PEER_COLUMNS, pooled, predicted_speedup_with_start
+from benchmarks.tree_speed import parse_shape
 from gpt2 import GPT2, GPT2Config, SamplingConfig, generate, init_random_weights
 from spec_decoding import SimulatedDrafter, SpecStats, expected_tokens_per_step, predicted_speedup
 from spec_decoding import speculative_generate
@@ -500,6 +501,56 @@ def test_a_value_given_twice_is_swept_once(tmp_path, prompt_tokenizer):
         with pytest.raises(ValueError, match=f"{field} must be distinct"):
             SweepSettings(**{field: values})
 
+
+
+
+def test_a_rows_rates_are_its_tokens_over_its_seconds_and_its_step_costs_lie_within_the_run(tmp_path,
+                                                                                              prompt_tokenizer):
+    started = time.perf_counter()
+    assert main(ONE_RUN + ["--gamma", "2", "--tree", "2", "--max-gen", "6", "--out", str(tmp_path)]) == 0
+    wall_seconds = time.perf_counter() - started
+    _, rows = read_csv(tmp_path / "sweep.csv")
+    assert len(rows) == 2
+    for r in rows:
+        tokens = int(r["tokens"])
+        assert tokens == 6  # one prompt, one repeat
+        assert float(r["spec_tok_s"]) * float(r["spec_seconds"]) == pytest.approx(tokens)
+        assert float(r["base_tok_s"]) * float(r["base_seconds"]) == pytest.approx(tokens)
+        for column in ("t_draft_ms", "t_target_ms", "t_verify_ms", "start_target_ms", "start_draft_ms"):
+            assert 0 < float(r[column]) / 1e3 < wall_seconds, column
+
+
+def test_the_step_costs_time_passes_of_the_sizes_they_name(prompt_tokenizer):
+    """t_t and t_d one token, t_v(γ+1) γ + 1 tokens, a tree's t_v its largest tree's nodes + 1, the start-ups the
+    whole prompt: the target's passes in one round of the component timer, by their new tokens."""
+    pair = common.build_pair("", "", weights="tiny", accelerate=False)
+    settings = SweepSettings(gammas=(2, 12), max_gens=(4,), trees=("3,2",))  # γ 12: the longest pass
+    group = gamma_sweep.Group(prompt_len=7, context_len=9)
+    timer = ComponentTimer(pair, group, settings, seed=0)
+    widths = []
+    hook = pair.target.register_forward_pre_hook(lambda module, args: widths.append(args[0].size(1)))
+    try:
+        timer.round()
+    finally:
+        hook.remove()
+    assert widths == [1, 3, 13, 10, 7]  # t_t, t_v(3), t_v(13), the tree of 3 + 6 nodes and its root, S_t
+
+def test_a_simulated_trees_profile_may_sum_to_one_and_not_past_it():
+    """α_sim then the profile's 2nd, 3rd, ... candidates: a sum of 1 is allowed, also where float addition puts
+    it a rounding above 1 (0.1 + (0.34 + 0.56)); 1.01 is not."""
+    assert SweepSettings(simulate=(0.1,), trees=("2",), tree_profile=(0.34, 0.56)).simulate == (0.1,)
+    with pytest.raises(ValueError, match=r"\(alpha_sim 0.11, then --tree-profile 0.34 0.56\) must sum to <= 1"):
+        SweepSettings(simulate=(0.11,), trees=("2",), tree_profile=(0.34, 0.56))
+
+
+@pytest.mark.parametrize("text, parents", [
+    ("3,2", (-1, 0, 0, 0, 1, 1, 2, 2, 3, 3)),  # each node of a level has its own children
+    ("nodes 8 depth 4", (-1, 0, 0, 1, 1, 3, 3, 5, 5)),  # levels of 2 hanging from the first node above
+    ("nodes 7 depth 3", (-1, 0, 0, 0, 1, 1, 1, 4)),  # levels of 3, the last holding the 1 node left
+])
+def test_the_verification_cost_of_a_tree_is_timed_on_the_largest_tree_its_shape_can_grow(text, parents):
+    tree = gamma_sweep.largest_tree(parse_shape(text))
+    assert tree.parents == parents and tree.tokens == (0,) * len(parents)
 
 def test_runs_too_short_to_draft_show_no_alpha_and_the_gammas_come_in_order(tmp_path, prompt_tokenizer):
     # One new token comes from the prefill: nothing is drafted or judged, so α (0 of 0) predicts nothing.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -145,6 +146,14 @@ def test_a_run_that_goes_on_after_end_of_text_is_named():
     assert d.reason == "one path stopped early without end-of-text while the other went on"
 
 
+def test_a_divergence_without_logits_from_one_run_is_named():
+    row = torch.tensor([3.0, 1.0, 0.5])
+    for row_b, row_s in ((row, None), (None, row)):
+        d = explain([0], [1], row_b, row_s, 1e-4)
+        assert d.verdict == "BUG" and d.reason == "no target logits were recorded for this position in one run"
+        assert d.logit_delta is None and d.tolerance is None
+
+
 # ---------------------------------------------------------------------------
 # The check on the benchmark suite
 # ---------------------------------------------------------------------------
@@ -261,6 +270,7 @@ def test_cli_writes_the_report_and_passes(tmp_path):
     assert summary["identical"] == summary["prompts"]
     report = (tmp_path / "parity.md").read_text()
     assert "## Summary" in report and "| float32 |" in report
+    assert "Neither path produced a token after end-of-text, in any prompt or dtype." in report
 
 
 @pytest.mark.parametrize("stdout", ["closed early", "cp1252"])
@@ -302,7 +312,10 @@ def test_cli_exits_1_on_a_float32_bug(tmp_path, monkeypatch):
     assert code == 1
     payload = json.loads((tmp_path / "parity.json").read_text())
     assert payload["passed"] is False and payload["dtypes"][0]["summary"]["bugs"] >= 1
-    assert "**BUG**" in (tmp_path / "parity.md").read_text()
+    report = (tmp_path / "parity.md").read_text()
+    assert "**BUG**" in report
+    figures = r" \| ".join([r"\d[\d.e+-]*"] * 4)  # each run's gap, abs(Δlogit) and the tolerance, as figures
+    assert re.search(rf"\| prose \| \d+ \| [^|]+ \| [^|]+ \| {figures} \| BUG \|", report)
 
 
 @pytest.mark.parametrize("bad, message", [
