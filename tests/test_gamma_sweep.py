@@ -502,8 +502,6 @@ def test_a_value_given_twice_is_swept_once(tmp_path, prompt_tokenizer):
             SweepSettings(**{field: values})
 
 
-
-
 def test_a_rows_rates_are_its_tokens_over_its_seconds_and_its_step_costs_lie_within_the_run(tmp_path,
                                                                                               prompt_tokenizer):
     started = time.perf_counter()
@@ -535,6 +533,7 @@ def test_the_step_costs_time_passes_of_the_sizes_they_name(prompt_tokenizer):
         hook.remove()
     assert widths == [1, 3, 13, 10, 7]  # t_t, t_v(3), t_v(13), the tree of 3 + 6 nodes and its root, S_t
 
+
 def test_a_simulated_trees_profile_may_sum_to_one_and_not_past_it():
     """α_sim then the profile's 2nd, 3rd, ... candidates: a sum of 1 is allowed, also where float addition puts
     it a rounding above 1 (0.1 + (0.34 + 0.56)); 1.01 is not."""
@@ -551,6 +550,7 @@ def test_a_simulated_trees_profile_may_sum_to_one_and_not_past_it():
 def test_the_verification_cost_of_a_tree_is_timed_on_the_largest_tree_its_shape_can_grow(text, parents):
     tree = gamma_sweep.largest_tree(parse_shape(text))
     assert tree.parents == parents and tree.tokens == (0,) * len(parents)
+
 
 def test_runs_too_short_to_draft_show_no_alpha_and_the_gammas_come_in_order(tmp_path, prompt_tokenizer):
     # One new token comes from the prefill: nothing is drafted or judged, so α (0 of 0) predicts nothing.
