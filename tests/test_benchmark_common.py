@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmarks.common import check_passes_fit, git_commit, load_prompt_tokenizer, noisy_copy, random_model
-from helpers import GPT2_BPE_DIR, REPO_ROOT, TINY
+from helpers import REPO_ROOT, TINY
 
 
 def git(*args: str) -> subprocess.CompletedProcess:
@@ -62,16 +62,14 @@ def test_a_noisy_copy_adds_noise_of_the_scale_asked_to_weight_matrices_only(rela
     assert float(noise.std()) == pytest.approx(0.01, rel=0.05)
 
 
-def test_the_benchmark_prompts_use_the_model_folders_own_vocabulary(tmp_path):
+def test_the_benchmark_prompts_use_the_model_folders_own_vocabulary(tmp_path, gpt2_bpe_dir):
     """A model folder with vocab.json and merges.txt is the prompts' tokenizer (a broken one is reported, not
     replaced by the shared GPT-2 files); a folder without them falls back to GPT-2's."""
-    if not GPT2_BPE_DIR.is_dir():
-        pytest.skip(f"the GPT-2 vocabulary files are not at {GPT2_BPE_DIR}")
     folder = tmp_path / "model"
     folder.mkdir()
     assert load_prompt_tokenizer(folder).encode("Hello world") == [15496, 995]
-    shutil.copyfile(GPT2_BPE_DIR / "encoder.json", folder / "vocab.json")
-    shutil.copyfile(GPT2_BPE_DIR / "vocab.bpe", folder / "merges.txt")
+    shutil.copyfile(gpt2_bpe_dir / "encoder.json", folder / "vocab.json")
+    shutil.copyfile(gpt2_bpe_dir / "vocab.bpe", folder / "merges.txt")
     assert load_prompt_tokenizer(folder).encode("Hello world") == [15496, 995]
     (folder / "vocab.json").write_text("{}", encoding="utf-8")
     with pytest.raises(ValueError, match="vocab.json"):

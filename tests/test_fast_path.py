@@ -177,35 +177,6 @@ def test_the_thread_count_changes_no_bit(fast_kernels, int8):
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
 
 
-def test_the_thread_chooser_follows_the_faster_count():
-    """A pass that is slow with 2 threads (as when another process shares a
-    core) moves the chooser to 1 thread; when 2 threads become the faster
-    count again, it comes back. The fake passes move a fake clock by the time
-    a thread count costs."""
-    from gpt2.fast.threads import LAST_PROBE_BELOW, ThreadChooser
-
-    cost = {1: 0.002, 2: 0.008}  # seconds per pass: 2 threads slowed down
-    now = [0.0]
-
-    def work() -> int:
-        threads = torch.get_num_threads()
-        now[0] += cost[threads]
-        return threads
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        chooser = ThreadChooser(clock=lambda: now[0])
-        used = [chooser.run(1, work) for _ in range(40)]
-        assert chooser.count == 1 and used[-16:].count(1) >= 14, used  # now and then a probe of 2
-        assert torch.get_num_threads() == 2  # restored after every pass
-        cost.update({1: 0.008, 2: 0.002})  # the other process has gone
-        used = [chooser.run(1, work) for _ in range(2 * LAST_PROBE_BELOW + 10)]
-        assert chooser.count == 2 and used[-16:].count(2) >= 14, used
-    finally:
-        torch.set_num_threads(before)
-
-
 class FakeLoad:
     """Passes on a fake clock: pass i run with t threads takes cost(t, i) seconds. `used` lists each pass's
     thread count."""
@@ -244,6 +215,22 @@ def probe_schedule(first: int, cap: int, start: int, end: int) -> list[int]:
         interval = min(2 * interval, cap)
         at += interval
     return out
+
+
+def test_the_thread_chooser_follows_the_faster_count():
+    """A pass that is slow with 2 threads (as when another process shares a
+    core) moves the chooser to 1 thread; when 2 threads become the faster
+    count again, it comes back."""
+    from gpt2.fast.threads import LAST_PROBE_BELOW, ThreadChooser
+
+    cost = {1: 0.002, 2: 0.008}  # seconds per pass: 2 threads slowed down
+    load = FakeLoad(lambda t, i: cost[t])
+    chooser = ThreadChooser(clock=load.clock)
+    used = load.run(chooser, 40, threads=2)
+    assert chooser.count == 1 and used[-16:].count(1) >= 14, used  # now and then a probe of 2
+    cost.update({1: 0.008, 2: 0.002})  # the other process has gone
+    used = load.run(chooser, 2 * LAST_PROBE_BELOW + 10, threads=2)
+    assert chooser.count == 2 and used[-16:].count(2) >= 14, used
 
 
 @pytest.mark.parametrize("drift", [0.0, 0.005], ids=["steady", "slowly-drifting"])
@@ -685,6 +672,7 @@ def test_a_failed_build_says_the_compilers_last_line(tmp_path, stream):
     with pytest.raises(RuntimeError, match=r"failed \(exit 3\): linear.c:9: error: no such intrinsic$"):
         build.compile_library(cc, tmp_path / "kernels.so")
     assert list(tmp_path.iterdir()) == []
+
 
 ACCELERATED = """
 import torch
