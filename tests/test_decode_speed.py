@@ -81,7 +81,8 @@ def test_a_short_run_writes_the_report_and_the_bound(tmp_path, fast_kernels):
 def test_the_report_shows_the_figures_of_the_counted_repeats(tmp_path, monkeypatch):
     # Every timing scripted (the calls still run): the tables must show the JSON's paired r_k, not the ratio of
     # medians, and the comparison the others' time over ours; a warm-up repeat must not be counted.
-    times = itertools.cycle([0.003, 0.002, 0.007, 0.005, 0.011, 0.013, 0.017, 0.019, 0.023])
+    scripted_times = [0.003, 0.002, 0.007, 0.005, 0.011, 0.013, 0.017, 0.019, 0.023]
+    times = itertools.cycle(scripted_times)
 
     def scripted(fn, *args):
         fn(*args)
@@ -99,6 +100,12 @@ def test_the_report_shows_the_figures_of_the_counted_repeats(tmp_path, monkeypat
     assert f"{ours['r']['5']:.2f}" != f"{ours['r_of_medians']['5']:.2f}", "scripted times that tell them apart"
     assert f"| {1e3 * ours['verify_s']['5']:.1f} | {ours['r']['5']:.2f} |" in report
     assert f"t_v(5) {readable['verify_s']['5'] / ours['verify_s']['5']:.2f}x" in report
+    # a step's bandwidth: the mean of the probe's 1 MiB over the scripted times before and after it
+    for bw in impl["ours"]["samples"]["short bandwidth"]:
+        assert any(bw == pytest.approx((2**20 / a + 2**20 / b) / 2) for a in scripted_times for b in scripted_times)
+    # the share of the bound as a percentage
+    assert (f"| {decode_speed.ms(ours['bound_s'])} | {100 * ours['fraction_of_bound']:.0f}% | "
+            f"{decode_speed.ms(ours['verify_s']['5'])} |") in report
 
 
 def test_the_speedup_under_load_is_the_median_of_each_repeats_ratio(monkeypatch):

@@ -52,6 +52,10 @@ def test_a_short_run_writes_the_report(tmp_path):
     assert f"- command: `python -m benchmarks.tree_speed {shlex.join(args)}`" in report
     assert set(result["noisy"]["greedy"]) == {"chain gamma 1", "chain gamma 2", "tree 2", "tree 2,1",
                                               "tree nodes 3 depth 2"}
+    for label, results in result["noisy"].items():  # the best tree over the best chain, as the report says it
+        best = {kind: max((r["predicted_at_large_costs"] for n, r in results.items() if n.startswith(kind)))
+                for kind in ("chain", "tree")}
+        assert f"the tree is {best['tree'] / best['chain']:.2f}x the chain" in report
 
 
 def test_predictions_follow_the_profile_model():
@@ -67,6 +71,9 @@ def test_predictions_follow_the_profile_model():
     # The draft's first pass, one pass over the 2 depth-1 nodes, and a 5-token tree verification.
     assert tree["cost"] == pytest.approx(0.2 + 0.25 + interpolate(COSTS["r_tree"], 5))
     assert tree["nodes"] == 4 and tree["levels"] == [2, 2]
+    # A 3rd candidate past the profile's two is never the target's token: it adds a node, not an expected token.
+    wider = predict_tree([[(0, 0), (0, 1), (0, 2)]], (0.5, 0.3), COSTS)
+    assert wider["E"] == pytest.approx(1 + 0.5 + 0.3) and wider["nodes"] == 3
 
 
 def test_ceilings_reprice_the_same_configs_with_width_made_cheap():
