@@ -19,11 +19,11 @@ def git(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_results_header_names_the_commit_measured_and_whether_files_had_changed():
-    if shutil.which("git") is None or git("rev-parse", "HEAD").returncode != 0:
+    head = git("rev-parse", "HEAD") if shutil.which("git") else None
+    if head is None or head.returncode != 0:
         assert git_commit() is None  # not a git checkout (an unpacked archive): no commit to name
         return
-    commit = git_commit()
-    head = git("rev-parse", "HEAD").stdout.strip()
+    commit, head = git_commit(), head.stdout.strip()
     dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip() != ""
     short, _, suffix = commit.partition("+")
     assert len(short) >= 7 and head.startswith(short), (commit, head)

@@ -115,6 +115,9 @@ def test_each_column_of_a_row_is_what_its_parts_say():
     assert sweep_report.cell_row(result, cell)["compared_runs"] == 0  # sampled runs are not compared
 
 
+PLOT_ENV = {"models": {"target": "t", "draft": "d"}, "device_name": "cpu", "dtype": "float32"}  # what plot() reads
+
+
 def test_the_plot_draws_each_measured_speedup_down_to_its_slowest_repeat_and_up_to_its_fastest(tmp_path, monkeypatch):
     from matplotlib.axes import Axes
 
@@ -126,8 +129,8 @@ def test_the_plot_draws_each_measured_speedup_down_to_its_slowest_repeat_and_up_
 
     monkeypatch.setattr(Axes, "errorbar", recorded)
     result, cell = hand_made_cell()
-    env = {"models": {"target": "t", "draft": "d"}, "device_name": "cpu", "dtype": "float32"}
-    sweep_report.plot(result, [sweep_report.cell_row(result, cell)], env, tmp_path / "s.png", tmp_path / "a.png")
+    sweep_report.plot(result, [sweep_report.cell_row(result, cell)], PLOT_ENV, tmp_path / "s.png",
+                      tmp_path / "a.png")
     assert drawn == [([2], [3.2], [[3.2 - 1.25], [4.0 - 3.2]])]  # speedups 4, 1.25, 3.2
 
 
@@ -159,9 +162,8 @@ def test_the_acceptance_plot_draws_each_simulated_alpha_from_its_own_chains(tmp_
     result.groups[10].t_verify["2,1"] = [1.0]
     result = gamma_sweep.SweepResult(SweepSettings(gammas=(2,), max_gens=(10,), simulate=(0.5, 0.7), trees=("2,1",)),
                                      result.prompts, cells, result.groups)
-    env = {"models": {"target": "t", "draft": "d"}, "device_name": "cpu", "dtype": "float32"}
     rows = [sweep_report.cell_row(result, c) for c in cells]
-    sweep_report.plot(result, rows, env, tmp_path / "s.png", tmp_path / "a.png")
+    sweep_report.plot(result, rows, PLOT_ENV, tmp_path / "s.png", tmp_path / "a.png")
     assert drawn == {"simulated α = 0.5": ([1, 2], [0.5, 1.0]), "simulated α = 0.7": ([1, 2], [1.0, 0.5])}
 
 
