@@ -15,6 +15,9 @@ import benchmarks.common
 from benchmarks import batch_speed
 from benchmarks.batch_speed import main, make_prompts
 from benchmarks.common import build_pair, run_cli
+from benchmarks.decode_speed import step_bytes, weight_bytes
+from gpt2 import generate
+from spec_decoding import SimulatedBatchDrafter, speculative_generate
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: a thread pool only adds waiting
 
@@ -70,6 +73,10 @@ def test_one_new_token_is_a_run_like_any_other(tmp_path, capsys):
     (["--new-tokens", "1000000000"], "give --new-tokens at most 998$"),  # + the prompt's 14 + 12 in 1024
     (["--gammas", "1000000000"], "give --gammas at most 1019$"),  # + --context 4 + 1 in 1024
     (["--context", "2000", "--gammas", "2000"], "give a smaller --context and --gammas$"),
+    (["--context", "1023"], "give --context at most 1022$"),  # one position past the window
+    (["--prompt-len", "1011"], "give --prompt-len at most 1010$"),
+    (["--warmup", "-1"], "--warmup >= 0"),
+    (["--repeats", "0"], "--repeats and --prompts must be >= 1"),
 ])
 def test_bad_settings_are_one_line_and_exit_2(bad, message, capsys, tmp_path):
     assert run_cli(main, SHORT + ["--out", str(tmp_path / "out")] + bad) == 2
@@ -143,3 +150,112 @@ def test_each_ratio_compares_within_a_repeat_with_the_batch_it_names():
     assert entry["plain_vs_plain_B1"] == 4.0  # the median of 2, 4, 4
     assert entry["spec"][1]["vs_plain_same_B"] == 2.0  # of 2, 1.25, 2: against plain decoding of 2 rows
     assert entry["spec"][1]["vs_plain_B1"] == 5.0  # of 4, 5, 8: against plain decoding one prompt at a time
+
+
+def test_settings_that_just_fit_the_context_window_are_taken():
+    # --context 1022 + a pass of gamma 1 + 1 tokens fills the 1024 positions; so do a 1010-token prompt, 12 more
+    # for the longest and 2 new tokens.
+    args = batch_speed.parse_args(SHORT + ["--context", "1022", "--prompt-len", "1010"])
+    assert (args.context, args.prompt_len) == (1022, 1010)
+
+
+def test_which_to_shrink_lowers_the_first_option_while_it_can_stay_at_least_1():
+    assert batch_speed.which_to_shrink(5, ("--a", 3), ("--b", 4)) == "give --a at most 1"
+    assert batch_speed.which_to_shrink(5, ("--a", 3), ("--b", 5)) == "give --b at most 2"
+    assert batch_speed.which_to_shrink(5, ("--a", 5), ("--b", 5)) == "give a smaller --a and --b"
+
+
+def test_a_speculative_run_sums_the_counters_of_its_batches():
+    # 3 prompts 2 at a time: the sums of the batches of 2 and 1 run here, the second meeting the coins of rows 2..
+    # Row i meets the same coins whatever B, so one batch of 3 accepts alike, in fewer target calls.
+    pair = build_pair("tiny", "tiny-draft", weights="tiny")
+    prompts = make_prompts(3, 6, pair.target.config.vocab_size, seed=0)
+    references = generate(pair.target, prompts, 5)
+    paused = []
+    totals = batch_speed.spec_run(pair.target, pair.draft, prompts, references, 2, 5, 2, 0.5, seed=3)(paused.append)
+
+    def stats_of(first: int, last: int):
+        drafter = SimulatedBatchDrafter(pair.draft, references[first:last], 0.5, seed=3, first_row=first)
+        rows, stats = speculative_generate(pair.target, drafter, prompts[first:last], gamma=2, max_new_tokens=5)
+        assert rows == references[first:last]
+        return stats
+
+    batches, whole = [stats_of(0, 2), stats_of(2, 3)], stats_of(0, 3)
+    for key in ("new_tokens", "accepted", "judged", "target_calls"):
+        assert totals[key] == sum(getattr(stats, key) for stats in batches), key
+    assert (totals["new_tokens"], totals["accepted"], totals["judged"]) == (15, whole.accepted, whole.judged)
+    assert 0 < whole.accepted < whole.judged and whole.target_calls < totals["target_calls"]
+    assert totals["alpha"] == totals["accepted"] / totals["judged"]
+    assert totals["tokens_per_target_call"] == 15 / totals["target_calls"]
+    assert paused == sorted(paused) and paused[-1] == 15  # the tokens so far, after each row's step
+
+
+def test_the_arithmetic_rate_counts_the_product_it_times(monkeypatch):
+    operands, seconds = [], iter([0.5, 0.25, 1.0, 0.5, 0.5])
+
+    def fake_timed(fn, a, b):
+        operands.append((a.shape, b.shape))
+        return next(seconds)
+
+    monkeypatch.setattr(batch_speed, "timed", fake_timed)
+    rate = batch_speed.arithmetic_rate()
+    (m, k), (k_b, n) = operands[0]
+    assert k == k_b and len(operands) == 5
+    assert rate == 2 * m * k * n / 0.25  # 2 flops a multiply-add, over the fastest of the 5 calls
+
+
+def test_a_pass_of_b_rows_reads_the_weights_once_and_every_rows_cache():
+    pair = build_pair("tiny", "tiny-draft", weights="tiny")
+    model, context = pair.target, 10
+    one = batch_speed.pass_bytes(model, 1, context)
+    assert one == step_bytes(model, context, False)  # decode_speed's count for one row
+    assert batch_speed.pass_bytes(model, 4, context) - one == 3 * (one - weight_bytes(model, False))
+
+
+def test_a_step_costs_rates_are_the_means_of_the_samples_around_it(monkeypatch):
+    pair = build_pair("tiny", "tiny-draft", weights="tiny")
+    rates, bandwidths = iter([1.0, 3.0, 10.0, 30.0]), iter([100.0, 300.0, 1000.0, 3000.0])
+    monkeypatch.setattr(batch_speed, "arithmetic_rate", lambda: next(rates))
+    probe = argparse.Namespace(sample=lambda: next(bandwidths))
+    args = argparse.Namespace(batch_sizes=[1], gammas=[1], step_batches=[1, 2], new_tokens=2, alpha=0.5,
+                              context=4, seed=0)
+    prompts = make_prompts(2, 6, pair.target.config.vocab_size, seed=0)
+    got = batch_speed.one_repeat(pair, args, prompts, generate(pair.target, prompts, 2), False, probe, seed=0)
+    assert (got["flops B=1"], got["flops B=2"]) == (2.0, 20.0)
+    assert (got["bandwidth B=1"], got["bandwidth B=2"]) == (200.0, 2000.0)
+
+
+def hand_made_repeat(plain: dict, spec: dict, costs: dict) -> dict:
+    """One repeat's samples from seconds of plain runs and of gamma 1 runs ({B: seconds}, 10 new tokens a
+    prompt, one prompt) and step costs ({B: (t_step, t_d, t_v of gamma 1)}); bandwidth and rate 1e6 a second."""
+    repeat = {f"plain B={B}": s for B, s in plain.items()}
+    repeat |= {f"spec B={B} gamma=1": (s, {"new_tokens": 10, "alpha": 0.5, "tokens_per_target_call": 2.0})
+               for B, s in spec.items()}
+    for B, (t_step, t_d, t_v) in costs.items():
+        repeat |= {f"t_step B={B}": t_step, f"t_d B={B}": t_d, f"t_v B={B} gamma=1": t_v,
+                   f"bandwidth B={B}": 1e6, f"flops B={B}": 1e6}
+    return repeat
+
+
+def test_speculation_stops_paying_at_the_first_b_where_it_is_no_faster():
+    # B = 2 runs exactly as fast as plain decoding (1.0x), and its costs predict exactly 1.0x: with alpha 0 a step
+    # yields 1 token, 0.75 s of t_step against 0.25 s of drafting and 0.5 s of verifying.
+    pair = build_pair("tiny", "tiny-draft", weights="tiny")
+    args = argparse.Namespace(new_tokens=10, prompts=1, batch_sizes=[1, 2], gammas=[1], step_batches=[1, 2],
+                              alpha=0.0, context=4, prompt_len=8)
+    repeat = hand_made_repeat({1: 1.0, 2: 0.5}, {1: 0.5, 2: 0.5}, {1: (0.5, 0.125, 0.125), 2: (0.75, 0.25, 0.5)})
+    summary = batch_speed.summarise([repeat], args, pair)
+    assert summary["steps"][2]["verify"][1]["predicted_speedup"] == 1.0
+    assert summary["speculation_stops_paying_at_B"] == {"measured": 2, "predicted": 2}
+    report = "\n".join(batch_speed.report_lines(summary, args))
+    assert "measured at B = 2; predicted from the step costs at B = 2" in report
+    # the step table in ms: t_step, its ratio to one row's, the bandwidth bound; t_d, the rows of a pass, t_v
+    bound = batch_speed.pass_bytes(pair.target, 2, 4) / 1e6
+    assert summary["steps"][2]["bound_s"] == bound and bound > 1  # seconds: a mistake in ms shows in its digits
+    assert f"| 2 | 750.0 | 1.50x | {1e3 * bound:.1f} |" in report and "| 250.0 | 4 | 500.0 |" in report
+
+    faster = hand_made_repeat({1: 1.0, 2: 0.5}, {1: 0.5, 2: 0.25}, {1: (0.5, 0.125, 0.125), 2: (0.5, 0.125, 0.125)})
+    summary = batch_speed.summarise([faster], args, pair)
+    assert summary["speculation_stops_paying_at_B"] == {"measured": None, "predicted": None}
+    report = "\n".join(batch_speed.report_lines(summary, args))
+    assert "measured at B = none of [1, 2]; predicted from the step costs at B = none of [1, 2]" in report
