@@ -8,22 +8,36 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 
 import pytest
+import torch
 
 from benchmarks import common, drafting
-from benchmarks.common import run_cli
-from benchmarks.drafting import expected_speedups, held_out_best, main, modelled_seconds, same_run_ratios
-from spec_decoding import AutoGamma, FixedGamma, StepCosts
+from benchmarks.common import build_pair, run_cli
+from benchmarks.drafting import count_runs, expected_speedups, held_out_best, main, mean_speedups, modelled_seconds
+from benchmarks.drafting import same_run_ratios
+from spec_decoding import AutoGamma, FixedGamma, ModelDrafter, StepCosts
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path, prompt_tokenizer):  # the prompts need it
+def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path, prompt_tokenizer, monkeypatch):
+    built = []  # (seed, quantize) of each random model: the int8 draft must be the float32 draft's weights
+
+    def recorded(config, **kwargs):
+        built.append((config, kwargs["seed"], kwargs.get("quantize")))
+        return common.random_model(config, **kwargs)
+
+    monkeypatch.setattr(drafting, "random_model", recorded)
     out = tmp_path / "drafting"
     args = ["--tiny", "--parts", "simulated", "--alphas", "0.85", "--gammas", "2", "3", "--repeats", "2",
             "--max-gen", "8", "--model-seeds", "20", "--out", str(out)]
     assert run_cli(main, args) == 0
+    draft = common.shape("tiny-draft")
+    assert [(seed, q) for config, seed, q in built if config == draft] == [(1, None), (1, "int8")]
+    command = json.loads((out / "drafting.json").read_text(encoding="utf-8"))["command"]
+    assert command == "python -m benchmarks.drafting " + shlex.join(args)  # the arguments given, not sys.argv
     report = (out / "drafting.md").read_text(encoding="utf-8")
     assert "## auto against fixed γ and +2/-1 (simulated α)" in report
     assert "| float32 | 0.85 |" in report and "| int8 | 0.8 |" in report  # α as given, not rounded to 0.8
@@ -53,6 +67,28 @@ def test_the_cost_model_prices_the_loops_steps():
     ks = [4, 4, 4, 4, 4, 4, 3, 2, 1, 0]
     assert modelled_seconds(FixedGamma(4), 0.0, 10, COSTS, random.Random(0)) == pytest.approx(
         sum(K * 0.2 + 1.0 + 0.04 * K for K in ks))
+
+
+def test_a_mean_speedup_is_plain_decodings_modelled_seconds_over_the_methods_mean():
+    # plain decoding: max_gen steps of t_v(1) = 1.0 s (not t_v(2) = 1.04 s)
+    assert mean_speedups({"fixed 1": [2.0, 4.0], "auto": [5.0]}, COSTS, 10) == {"fixed 1": 10 / 3, "auto": 2.0}
+
+
+def test_counted_runs_sum_every_prompt_and_seed():
+    pair = build_pair("tiny", "tiny-draft", weights="tiny")
+    prompts = [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7]])]
+
+    def counted(prompts, seeds):
+        return count_runs(pair.target, lambda: ModelDrafter(pair.draft), prompts, 6, lambda: FixedGamma(3), 1.0,
+                          seeds)
+
+    total, alone = counted(prompts, [0, 1]), [counted([ids], [seed]) for ids in prompts for seed in (0, 1)]
+    for key in ("drafted", "accepted", "target_calls", "new_tokens", "draft_calls", "judged"):
+        assert total[key] == sum(run[key] for run in alone), key
+    assert total["new_tokens"] == 2 * 2 * 6 and total["drafted"] > 0
+    assert total["wasted"] == total["drafted"] - total["accepted"]
+    assert total["alpha"] == total["accepted"] / total["judged"]
+    assert total["tokens_per_target_call"] == 24 / total["target_calls"]
 
 
 def test_a_run_like_this_one_compares_auto_with_the_best_of_the_fixed_medians():
@@ -152,4 +188,8 @@ def test_the_noisy_part_alone_carries_the_environment_header(tmp_path, prompt_to
     assert run_cli(main, short) == 0
     environment = json.loads((tmp_path / "drafting.json").read_text(encoding="utf-8"))["environment"]
     assert environment["models"] == {"noisy pair": str(drafting.NOISY_CONFIG)} and environment["threads"] >= 1
-    assert "- device: cpu" in (tmp_path / "drafting.md").read_text(encoding="utf-8")
+    report = (tmp_path / "drafting.md").read_text(encoding="utf-8")
+    assert "- device: cpu" in report
+    t = json.loads((tmp_path / "drafting.json").read_text(encoding="utf-8"))["noisy"]["t_draft"]
+    assert (f"t_d float32 {t['float32'] * 1e3:.3f} ms, int8 {t['int8'] * 1e3:.3f} ms, target step "
+            f"{t['t_target'] * 1e3:.3f} ms") in report
