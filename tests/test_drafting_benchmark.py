@@ -57,7 +57,8 @@ def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path, prompt_to
     assert len(same_run) == 10 and same_run == sorted(same_run)  # 20 coin strings in groups of --repeats 2
 
 
-COSTS = StepCosts(t_draft=0.2, t_verify=tuple(1.0 + 0.04 * (k - 1) for k in range(1, 14)))  # t_d, t_v(k) = 1 + 0.04 (k - 1)
+# t_d 0.2 s, t_v(k) = 1 + 0.04 (k - 1) s
+COSTS = StepCosts(t_draft=0.2, t_verify=tuple(1.0 + 0.04 * (k - 1) for k in range(1, 14)))
 
 
 def test_the_cost_model_prices_the_loops_steps():

@@ -11,7 +11,8 @@ import torch
 
 from gpt2 import GPT2Config, fast, generate, load_model
 from gpt2.fast.accelerator import pack_rows
-from gpt2.fast.quantize import dequantize_rows, matrix_weights, quantize_model_int8, quantize_rows_int8, resolve_quantize
+from gpt2.fast.quantize import dequantize_rows, matrix_weights, quantize_model_int8, quantize_rows_int8
+from gpt2.fast.quantize import resolve_quantize
 from helpers import TINY, hub_state_dict, make_hf_model, perturbed_copy, tiny_gpt2, write_checkpoint
 from spec_decoding import speculative_generate
 

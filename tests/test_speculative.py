@@ -544,7 +544,8 @@ class ProposesThis(Drafter):
          r"probs under which each drafted token has the probability it was drawn with, in \(0, 1\] \(not "
          r"log-probabilities or logits\), got \[-4.15"),
         (Draft(torch.tensor([1, 2]), torch.full((2, 64), float("nan")), 0), "probs under which .* got \\[nan, nan\\]"),
-        (Draft(torch.tensor([1, 2]), torch.eye(64)[[0, 0]], 0), r"probs under which .* got \[0.0, 0.0\]"),  # never drawn
+        # a drafted token its probabilities never draw
+        (Draft(torch.tensor([1, 2]), torch.eye(64)[[0, 0]], 0), r"probs under which .* got \[0.0, 0.0\]"),
         (Draft(torch.tensor([1, 2]), torch.full((2, 64), 2.0), 0), r"probs under which .* got \[2.0, 2.0\]"),
         ([1, 2], "a Draft holding a tensor of tokens, got list"),
     ],
