@@ -18,6 +18,7 @@ drafting.md (the tables) and drafting.json (every run) to --out.
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import random
 import shlex
@@ -372,7 +373,7 @@ def part_noisy(args, tokenizer) -> dict:
     (timed as in `part_ngram`)."""
     target = noisy_target(args.seed)
     draft = noisy_copy(target, scale=args.noise, seed=args.seed + 2, relative=True)
-    draft8 = noisy_copy(target, scale=args.noise, seed=args.seed + 2, relative=True)
+    draft8 = copy.deepcopy(draft)  # the same draft, to be quantised
     for model in (target, draft):
         fast.accelerate(model)
     fast.accelerate(draft8, int8=True)

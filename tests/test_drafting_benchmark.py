@@ -5,6 +5,7 @@ the benchmark; bad settings are one line and exit 2. Speed is never asserted."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -36,9 +37,13 @@ def test_a_short_simulated_run_writes_the_table_and_the_json(tmp_path, prompt_to
     assert run_cli(main, args) == 0
     draft = common.shape("tiny-draft")
     assert [(seed, q) for config, seed, q in built if config == draft] == [(1, None), (1, "int8")]
-    command = json.loads((out / "drafting.json").read_text(encoding="utf-8"))["command"]
-    assert command == "python -m benchmarks.drafting " + shlex.join(args)  # the arguments given, not sys.argv
+    saved = json.loads((out / "drafting.json").read_text(encoding="utf-8"))
+    assert saved["command"] == "python -m benchmarks.drafting " + shlex.join(args)  # the arguments given, not sys.argv
+    c32, c8 = saved["costs"]["float32"], saved["costs"]["int8"]
     report = (out / "drafting.md").read_text(encoding="utf-8")
+    assert (f"t_d float32 {c32['t_draft'] * 1e3:.2f} ms, int8 {c8['t_draft'] * 1e3:.2f} ms; t_v(1) "
+            f"{c32['t_verify'][0] * 1e3:.1f} ms, t_v(5) {c32['t_verify'][4] * 1e3:.1f} ms") in report
+    assert "## Prompt lookup" not in report  # a part not asked for
     assert "## auto against fixed γ and +2/-1 (simulated α)" in report
     assert "| float32 | 0.85 |" in report and "| int8 | 0.8 |" in report  # α as given, not rounded to 0.8
     runs = json.loads((out / "drafting.json").read_text(encoding="utf-8"))["simulated"]["float32 alpha 0.85"]["runs"]
@@ -73,6 +78,30 @@ def test_the_cost_model_prices_the_loops_steps():
 def test_a_mean_speedup_is_plain_decodings_modelled_seconds_over_the_methods_mean():
     # plain decoding: max_gen steps of t_v(1) = 1.0 s (not t_v(2) = 1.04 s)
     assert mean_speedups({"fixed 1": [2.0, 4.0], "auto": [5.0]}, COSTS, 10) == {"fixed 1": 10 / 3, "auto": 2.0}
+
+
+def test_the_expected_table_shows_how_often_a_run_like_this_one_puts_auto_below_095(monkeypatch):
+    # auto / best in four groups of coin strings: median 0.975, 10th percentile 0.9, below 0.95 in one of four
+    # (0.95 itself is not below).
+    monkeypatch.setattr(drafting, "same_run_ratios", lambda runs, repeats: [0.9, 0.95, 1.0, 1.1])
+    args = argparse.Namespace(alphas=[0.5], int8_alphas=[], max_gen=8, gammas=[1, 2], model_seeds=4, repeats=2)
+    table, _ = drafting.expected_table(args, {"float32": COSTS})
+    assert table.splitlines()[-1].endswith("| 0.975 [0.900]; 25% |")
+
+
+def test_the_simulated_table_divides_each_speedup_by_the_best_fixed_gammas():
+    def run(speedup, modelled, ratios=(1.0, 1.0)):
+        return {"speedup": speedup, "modelled": modelled, "ratios": list(ratios), "alpha": 0.75,
+                "gamma_hist": [0, 3, 2]}
+
+    runs = {"plain": {"seconds": [2.0, 4.0]}, "fixed 1": run(1.5, [1.2, 1.4], (1.4, 1.6)),
+            "fixed 2": run(1.2, [1.6, 1.6], (1.2, 1.2)), "auto": run(1.8, [2.0, 2.0]),
+            "heuristic": run(1.0, [0.8, 0.8])}
+    row = drafting.simulated_table({"case": {"draft": "float32", "alpha": 0.8, "runs": runs}}).splitlines()[-1]
+    # plain s 3.00; auto 1.80x, K asked 1:3 2:2; best fixed γ 1 at 1.50x, auto / best 1.2, auto / best held out
+    # (fixed 1 in each repeat: 1.4, 1.6) 1.8 / 1.5; cost model: best fixed γ 2 (1.6), auto 2.0 / 1.6, +2/-1 0.8 / 1.6
+    assert row == ("| float32 | 0.8 | 3.00 | 1.80x | 1:3 2:2 | 0.75 | 1 | 1.50x | 1.200 | 1.200 | 1.00x | "
+                   "1.250 (best 2) | 0.500 |")
 
 
 def test_counted_runs_sum_every_prompt_and_seed():
