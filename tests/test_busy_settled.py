@@ -4,11 +4,15 @@ settings are reported. It asserts no time."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
+import torch
 
+from benchmarks import busy_settled
 from benchmarks.busy_settled import main
-from benchmarks.common import run_cli
+from benchmarks.common import random_model, run_cli, shape
+from gpt2 import fast
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -34,3 +38,45 @@ def test_bad_settings_are_one_line_and_exit_2(bad, message, capsys):
     assert run_cli(main, ["--tiny", "--passes", "2", "--repeats", "1", *bad]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_settings_alternate_and_the_report_takes_medians_over_rounds(monkeypatch, capsys, fast_kernels):
+    # Scripted rounds: a decode step of these seconds, a five-token pass twice it, and alternating, half a step
+    # and three times that; medians 0.3 s (chooser) and 0.5 s (fixed).
+    steps = {"chooser": [0.2, 0.4, 0.3], "fixed": [0.5, 0.1, 0.6]}
+    rounds = []  # the setting of each round, from the accelerate call that starts it
+    accelerate = fast.accelerate
+
+    def recording(model, **kwargs):
+        if "adapt_threads" in kwargs:  # a round's, not the model's first
+            rounds.append("chooser" if kwargs["adapt_threads"] else "fixed")
+        return accelerate(model, **kwargs)
+
+    def scripted(model, passes):
+        step = steps[rounds[-1]][rounds.count(rounds[-1]) - 1]
+        return {"step": step, "verify5": 2 * step, "mixed_step": step / 2, "mixed_verify5": 1.5 * step}
+
+    monkeypatch.setattr(fast, "accelerate", recording)
+    monkeypatch.setattr(busy_settled, "measure", scripted)
+    assert run_cli(main, ["--tiny", "--passes", "2", "--repeats", "3", "--busy", "0"]) == 0
+    assert rounds == ["chooser", "fixed", "fixed", "chooser", "chooser", "fixed"]  # reversed every other round
+    out = capsys.readouterr().out
+    assert "tiny, 0 busy core(s) of 1 threads, 2 passes of each kind, medians over 3 round(s)" in out
+    assert ("chooser: step 300.0 ms, t_v(5) 600.0 ms, r_5 2.00; alternating: step 150.0 ms, t_v(5) 450.0 ms, "
+            "r_5 3.00") in out
+    assert "  fixed: step 500.0 ms, t_v(5) 1000.0 ms, r_5 2.00; alternating: step 250.0 ms, t_v(5) 750.0 ms" in out
+
+
+def test_each_timed_pass_runs_on_the_100_token_cache(fast_kernels):
+    model = random_model(shape("tiny"), seed=0)
+    seen = []  # (new tokens, cached positions) of each forward pass
+    handle = model.register_forward_pre_hook(lambda module, args: seen.append((args[0].size(1), args[1].length)))
+    with torch.inference_mode():
+        start = time.perf_counter()
+        medians = busy_settled.measure(model, 3)
+        wall = time.perf_counter() - start
+    handle.remove()
+    warm_up, alternating = [(1, 100), (5, 100)] * 2, [(1, 100), (5, 100)] * 3
+    assert seen == [(100, 0), *warm_up, *[(1, 100)] * 3, *[(5, 100)] * 3, *alternating]  # steps, then five-token passes
+    assert set(medians) == {"step", "verify5", "mixed_step", "mixed_verify5"}
+    assert all(0 < seconds < wall for seconds in medians.values())

@@ -10,6 +10,7 @@ import re
 import pytest
 
 import benchmarks.common
+from benchmarks import compare_commits
 from benchmarks.common import run_cli
 from benchmarks.compare_commits import main
 from helpers import REPO_ROOT
@@ -68,3 +69,41 @@ def test_batched_steps_whose_caches_would_not_fit_in_memory_are_refused(capfd, m
     assert run_cli(main, [str(REPO_ROOT), str(REPO_ROOT), "--repeats", "1", "--rows", "32"]) == 2
     err = capfd.readouterr().err
     assert err.startswith("error: the two workers' batched steps would hold 22.5 GiB") and "fewer --rows" in err
+
+
+def test_the_sides_take_turns_and_the_report_pairs_them_within_a_repeat(monkeypatch, capsys):
+    # Workers scripted: each side's costs, the same every repeat, and its plain decoding's seconds per repeat:
+    # after / before 2.0, 0.5, 0.75 (median 0.75), where the ratio of the medians would be 2.0 / 2.0.
+    answers = {"before": {"step": 0.25, "k=5": 0.375, "rows": 0.5, "draft": 0.125, "speculative": 1.0},
+               "after": {"step": 0.2, "k=5": 0.25, "rows": 0.5, "draft": 0.0625, "speculative": 0.5}}
+    plain = {"before": [1.0, 2.0, 4.0], "after": [2.0, 1.0, 3.0]}
+    asked = []  # (side, command) in the order asked
+
+    class ScriptedWorker:
+        def __init__(self, folder, argv):
+            self.side = "after" if any(w == "before" for w, _ in asked) else "before"
+            asked.append((self.side, "start"))
+
+        def ask(self, command):
+            asked.append((self.side, command))
+            if command == "runs":
+                repeat = asked.count((self.side, "runs")) - 1
+                return {"plain": plain[self.side][repeat], "speculative": answers[self.side]["speculative"]}
+            return {key: answers[self.side][key] for key in ("step", "k=5", "rows", "draft")}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(compare_commits, "Worker", ScriptedWorker)
+    assert run_cli(main, [str(REPO_ROOT), str(REPO_ROOT), "--tiny", "--repeats", "3"]) == 0
+    runs = [side for side, command in asked if command == "runs"]
+    assert runs == ["before", "after", "after", "before", "before", "after"]  # who goes first alternates
+    out = capsys.readouterr().out
+    assert ("before: step 250.0 ms, t_v(5) 375.0 ms, r_5 1.500, step of 8 rows 2.000x one row, t_d 125.00 ms, "
+            "speedup at alpha 0.8, gamma 4: 2.00x") in out  # the median of 1, 2, 4
+    assert ("after: step 200.0 ms, t_v(5) 250.0 ms, r_5 1.250, step of 8 rows 2.500x one row, t_d 62.50 ms, "
+            "speedup at alpha 0.8, gamma 4: 4.00x") in out  # of 4, 2, 6
+    ratios = {"step": 0.8, "t_v(5)": 0.667, "step of 8 rows": 1.0, "draft step t_d": 0.5, "plain decoding": 0.75,
+              "speculative decoding": 0.5}
+    for label, ratio in ratios.items():
+        assert f"after / before, {label} time: {ratio:.3f}" in out
