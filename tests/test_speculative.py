@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 TARGET_CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=64, vocab_size=64)
 
-PROMPTS = {"4 tokens": [[1, 2, 3, 4]], "1 token": [[7]]}
+PROMPTS = {"4 tokens": [[1, 2, 3, 4]], "2 tokens": [[5, 9]], "1 token": [[7]]}  # 2: a prefill of one token
 GAMMAS = [1, 2, 3, 5, 8]
 NEW_TOKENS = 40
 
