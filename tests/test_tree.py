@@ -215,6 +215,16 @@ def test_sampling_judges_the_second_child_against_the_residual():
     assert both_rejected.nodes == () and both_rejected.next_token == 2
 
 
+def test_sampling_rejects_a_child_the_target_gives_no_mass_even_at_a_zero_uniform():
+    # As in the chain (test_acceptance.py): r p_draft < p_target is 0 < 0 for token 2, false; the residual
+    # max(0, (0.5, 0.5, 0) - (0, 0.5, 0.5)) is one-hot on token 0.
+    tree = TokenTree(tokens=(9, 2), parents=(-1, 0))
+    target_probs = torch.tensor([[0.5, 0.5, 0.0]] * 2)
+    draft_probs = torch.tensor([[0.0, 0.5, 0.5], [0.0] * 3])
+    verdict = tree_sampling(target_probs, draft_probs, tree, uniforms=torch.zeros(1))
+    assert verdict.nodes == () and verdict.next_token == 0
+
+
 def test_sampling_takes_every_rejected_sibling_out_of_the_drafts_distribution():
     # Root with children 0, 1, 2. p_target = (.1, .3, .2, .4), p_draft = (.4, .4, .1, .1).
     tree = TokenTree(tokens=(9, 0, 1, 2), parents=(-1, 0, 0, 0))
