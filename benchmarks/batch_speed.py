@@ -28,7 +28,7 @@ import torch
 from benchmarks.common import ArgumentParser, must
 from benchmarks.common import build_pair, check_range, environment, environment_lines, markdown_table, results_dir
 from benchmarks.common import MAX_SEED, check_caches_fit, run_cli, say, set_threads, shape, timed, write_json
-from benchmarks.decode_speed import BandwidthProbe, weight_bytes
+from benchmarks.decode_speed import BandwidthProbe, step_bytes, weight_bytes
 from benchmarks.lockstep import Method, lockstep, paused_passes
 from gpt2 import GPT2, KVCache, fast, generate
 from gpt2.fast.quantize import matrix_weights
@@ -131,12 +131,6 @@ def pass_flops(model: GPT2, rows: int) -> int:
     return 2 * rows * sum(w.numel() for w in matrix_weights(model).values())
 
 
-def pass_bytes(model: GPT2, B: int, context: int) -> int:
-    """Bytes a pass of B rows must read: every weight once, and each row's cached keys and values."""
-    c = model.config
-    return weight_bytes(model, False) + B * 2 * c.n_layer * (context + 1) * c.n_embd * model.dtype.itemsize
-
-
 def one_repeat(pair, args: argparse.Namespace, prompts: list[list[int]], references: list[list[int]],
                reverse: bool, probe: BandwidthProbe, seed: int) -> dict:
     """Every measurement once: "plain B=<B>" (seconds) and "spec B=<B>
@@ -209,7 +203,7 @@ def summarise(repeats: list[dict], args: argparse.Namespace, pair) -> dict:
     steps = {}
     weights = weight_bytes(pair.target, False)
     for B in args.step_batches:
-        nbytes = pass_bytes(pair.target, B, args.context)
+        nbytes = step_bytes(pair.target, args.context, False, rows=B)
         entry = {
             "t_step_s": med(lambda r: r[f"t_step B={B}"]),
             "step_vs_B1": med(lambda r: r[f"t_step B={B}"] / r["t_step B=1"]),

@@ -109,10 +109,11 @@ def weight_bytes(model: GPT2, int8: bool) -> int:
     return total - (wpe.size(0) - 1) * wpe.size(1) * wpe.element_size()
 
 
-def step_bytes(model: GPT2, context: int, int8: bool) -> int:
-    """Bytes one decode step reads after `context` cached positions: the weights and L layers' keys and values."""
+def step_bytes(model: GPT2, context: int, int8: bool, rows: int = 1) -> int:
+    """Bytes one decode step of `rows` rows reads after `context` cached positions a row: every weight once, and
+    each row's L layers' keys and values."""
     c = model.config
-    return weight_bytes(model, int8) + 2 * c.n_layer * (context + 1) * c.n_embd * model.dtype.itemsize
+    return weight_bytes(model, int8) + rows * 2 * c.n_layer * (context + 1) * c.n_embd * model.dtype.itemsize
 
 
 @dataclass

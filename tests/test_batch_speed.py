@@ -204,12 +204,12 @@ def test_the_arithmetic_rate_counts_the_product_it_times(monkeypatch):
     assert rate == 2 * m * k * n / 0.25  # 2 flops a multiply-add, over the fastest of the 5 calls
 
 
-def test_a_pass_of_b_rows_reads_the_weights_once_and_every_rows_cache():
+def test_a_step_of_b_rows_reads_the_weights_once_and_every_rows_cache():
     pair = build_pair("tiny", "tiny-draft", weights="tiny")
     model, context = pair.target, 10
-    one = batch_speed.pass_bytes(model, 1, context)
-    assert one == step_bytes(model, context, False)  # decode_speed's count for one row
-    assert batch_speed.pass_bytes(model, 4, context) - one == 3 * (one - weight_bytes(model, False))
+    one = step_bytes(model, context, False)
+    assert one == step_bytes(model, context, False, rows=1)
+    assert step_bytes(model, context, False, rows=4) - one == 3 * (one - weight_bytes(model, False))
 
 
 def test_a_step_costs_rates_are_the_means_of_the_samples_around_it(monkeypatch):
@@ -250,7 +250,7 @@ def test_speculation_stops_paying_at_the_first_b_where_it_is_no_faster():
     report = "\n".join(batch_speed.report_lines(summary, args))
     assert "measured at B = 2; predicted from the step costs at B = 2" in report
     # the step table in ms: t_step, its ratio to one row's, the bandwidth bound; t_d, the rows of a pass, t_v
-    bound = batch_speed.pass_bytes(pair.target, 2, 4) / 1e6
+    bound = step_bytes(pair.target, 4, False, rows=2) / 1e6
     assert summary["steps"][2]["bound_s"] == bound and bound > 1  # seconds: a mistake in ms shows in its digits
     assert f"| 2 | 750.0 | 1.50x | {1e3 * bound:.1f} |" in report and "| 250.0 | 4 | 500.0 |" in report
 
