@@ -241,7 +241,7 @@ def report_lines(summary: dict, args: argparse.Namespace) -> list[str]:
     g_main = MAIN_GAMMA if MAIN_GAMMA in args.gammas else args.gammas[-1]
     tp, steps = summary["throughput"], summary["steps"]
     lines = ["## Tokens per second", "",
-             f"The same {args.prompts} prompts ({args.prompt_len} +- 12 tokens) at every B, served B at a time, "
+             f"The same {args.prompts} prompts ({args.prompt_len} +- {SPREAD} tokens) at every B, served B at a time, "
              f"{args.new_tokens} new tokens each; speculative: gamma = {g_main}, simulated alpha = {args.alpha}. "
              "Plain and speculative runs at every B in lockstep (they take turns step by step). "
              "Each ratio is the median of the per-repeat ratios.",

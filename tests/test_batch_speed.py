@@ -32,6 +32,7 @@ def test_a_short_run_writes_the_tables_and_the_json(tmp_path, fast_kernels):
     for heading in ("## Tokens per second", "## Which gamma for which B", "## Step cost against B", "## Goals"):
         assert heading in report
     assert "- forward pass: fast path: C kernels" in report
+    assert "The same 2 prompts (32 +- 12 tokens) at every B" in report  # lengths spread by SPREAD
     summary = json.loads((out / "batch_speed.json").read_text(encoding="utf-8"))["summary"]
     assert summary["throughput"]["1"]["plain_vs_plain_B1"] == 1.0
     assert set(summary["throughput"]["2"]["spec"]) == {"1", "4"}
