@@ -328,6 +328,17 @@ def test_the_caches_own_checks_are_value_errors(tiny):
     assert cache.lengths.tolist() == [3, 2, 4]
 
 
+def test_a_pass_past_the_caches_capacity_is_refused_before_it_writes(tiny):
+    cache = tiny.new_cache(1, capacity=6)
+    with torch.no_grad():
+        tiny(random_ids(TINY, B=1, T=4), cache)
+        with pytest.raises(ValueError, match=r"the sequence would reach 7 tokens but this cache holds 6 positions"):
+            tiny(random_ids(TINY, B=1, T=3), cache)
+        assert cache.length == 4  # nothing written
+        tiny(random_ids(TINY, B=1, T=2), cache)  # exactly full
+    assert cache.length == 6
+
+
 def test_uncached_forward_past_the_context_window_raises_value_error(tiny):
     ids = random_ids(TINY, B=1, T=TINY.n_ctx + 1)
     with pytest.raises(ValueError, match=rf"{TINY.n_ctx + 1} tokens .*context window of {TINY.n_ctx}"):
