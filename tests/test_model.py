@@ -328,6 +328,17 @@ def test_the_caches_own_checks_are_value_errors(tiny):
     assert cache.lengths.tolist() == [3, 2, 4]
 
 
+def test_a_batchs_cache_starts_at_zero_whatever_fresh_memory_holds(tiny, monkeypatch):
+    # Rows of a batch see masked slots up to the longest row, and a masked score still multiplies its value:
+    # 0 x NaN is NaN. Fresh memory is made to hold NaN here.
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: empty(*args, **kwargs).fill_(float("nan")))
+    for B in (2, 3):
+        cache = tiny.new_cache(B)
+        assert not cache.k.isnan().any() and not cache.v.isnan().any(), B
+    assert tiny.new_cache(1).k.isnan().all()  # one row reads only slots it wrote: left as allocated
+
+
 def test_a_pass_past_the_caches_capacity_is_refused_before_it_writes(tiny):
     cache = tiny.new_cache(1, capacity=6)
     with torch.no_grad():
