@@ -22,6 +22,12 @@ from spec_decoding import SimulatedBatchDrafter, speculative_generate
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: a thread pool only adds waiting
 
 
+@pytest.fixture(scope="module")
+def pair():
+    """The tiny target and draft (only read by the tests: each run makes its own caches)."""
+    return build_pair("tiny", "tiny-draft", weights="tiny")
+
+
 def test_a_short_run_writes_the_tables_and_the_json(tmp_path, fast_kernels):
     out = tmp_path / "bs"
     args = ["--tiny", "--repeats", "2", "--warmup", "0", "--batch-sizes", "1", "2", "--gammas", "1", "4",
@@ -119,10 +125,9 @@ def test_a_step_cost_whose_cache_would_not_fit_in_memory_is_refused(capsys, tmp_
     assert "\n" not in err and not (tmp_path / "out").exists()
 
 
-def test_the_best_gamma_is_the_one_whose_shown_ratio_is_highest():
+def test_the_best_gamma_is_the_one_whose_shown_ratio_is_highest(pair):
     # Chosen by the median of tokens/s, gamma 2 (9.5 > 9 tok/s) was named best beside its own 0.95x against
     # gamma 1's 1.8x: the medians of the ratios within each repeat, which the report shows, decide.
-    pair = build_pair("tiny", "tiny-draft", weights="tiny")
     args = argparse.Namespace(new_tokens=10, prompts=1, batch_sizes=[1], gammas=[1, 2], step_batches=[1], alpha=0.8,
                               context=4)
     plain_seconds, spec = [1.0, 2.0, 4.0], {1: [9.0, 9.0, 9.0], 2: [9.5, 1.0, 20.0]}  # tok/s per repeat
@@ -136,9 +141,8 @@ def test_the_best_gamma_is_the_one_whose_shown_ratio_is_highest():
     assert entry["spec"][1]["vs_plain_same_B"] > entry["spec"][2]["vs_plain_same_B"] and entry["best_gamma"] == 1
 
 
-def test_each_ratio_compares_within_a_repeat_with_the_batch_it_names():
+def test_each_ratio_compares_within_a_repeat_with_the_batch_it_names(pair):
     # Tokens/s per repeat: plain B=1 10, 5, 2.5; plain B=2 20, 20, 10; speculative B=2 (gamma 1) 40, 25, 20.
-    pair = build_pair("tiny", "tiny-draft", weights="tiny")
     args = argparse.Namespace(new_tokens=10, prompts=1, batch_sizes=[1, 2], gammas=[1], step_batches=[1], alpha=0.8,
                               context=4)
     seconds = {"plain B=1": [1.0, 2.0, 4.0], "plain B=2": [0.5, 0.5, 1.0], "spec B=1 gamma=1": [0.5, 1.0, 1.0],
@@ -166,10 +170,9 @@ def test_which_to_shrink_lowers_the_first_option_while_it_can_stay_at_least_1():
     assert batch_speed.which_to_shrink(5, ("--a", 5), ("--b", 5)) == "give a smaller --a and --b"
 
 
-def test_a_speculative_run_sums_the_counters_of_its_batches():
+def test_a_speculative_run_sums_the_counters_of_its_batches(pair):
     # 3 prompts 2 at a time: the sums of the batches of 2 and 1 run here, the second meeting the coins of rows 2..
     # Row i meets the same coins whatever B, so one batch of 3 accepts alike, in fewer target calls.
-    pair = build_pair("tiny", "tiny-draft", weights="tiny")
     prompts = make_prompts(3, 6, pair.target.config.vocab_size, seed=0)
     references = generate(pair.target, prompts, 5)
     paused = []
@@ -205,16 +208,14 @@ def test_the_arithmetic_rate_counts_the_product_it_times(monkeypatch):
     assert rate == 2 * m * k * n / 0.25  # 2 flops a multiply-add, over the fastest of the 5 calls
 
 
-def test_a_step_of_b_rows_reads_the_weights_once_and_every_rows_cache():
-    pair = build_pair("tiny", "tiny-draft", weights="tiny")
+def test_a_step_of_b_rows_reads_the_weights_once_and_every_rows_cache(pair):
     model, context = pair.target, 10
     one = step_bytes(model, context, False)
     assert one == step_bytes(model, context, False, rows=1)
     assert step_bytes(model, context, False, rows=4) - one == 3 * (one - weight_bytes(model, False))
 
 
-def test_a_step_costs_rates_are_the_means_of_the_samples_around_it(monkeypatch):
-    pair = build_pair("tiny", "tiny-draft", weights="tiny")
+def test_a_step_costs_rates_are_the_means_of_the_samples_around_it(monkeypatch, pair):
     rates, bandwidths = iter([1.0, 3.0, 10.0, 30.0]), iter([100.0, 300.0, 1000.0, 3000.0])
     monkeypatch.setattr(batch_speed, "arithmetic_rate", lambda: next(rates))
     probe = argparse.Namespace(sample=lambda: next(bandwidths))
@@ -238,10 +239,9 @@ def hand_made_repeat(plain: dict, spec: dict, costs: dict) -> dict:
     return repeat
 
 
-def test_speculation_stops_paying_at_the_first_b_where_it_is_no_faster():
+def test_speculation_stops_paying_at_the_first_b_where_it_is_no_faster(pair):
     # B = 2 runs exactly as fast as plain decoding (1.0x), and its costs predict exactly 1.0x: with alpha 0 a step
     # yields 1 token, 0.75 s of t_step against 0.25 s of drafting and 0.5 s of verifying.
-    pair = build_pair("tiny", "tiny-draft", weights="tiny")
     args = argparse.Namespace(new_tokens=10, prompts=1, batch_sizes=[1, 2], gammas=[1], step_batches=[1, 2],
                               alpha=0.0, context=4, prompt_len=8)
     repeat = hand_made_repeat({1: 1.0, 2: 0.5}, {1: 0.5, 2: 0.5}, {1: (0.5, 0.125, 0.125), 2: (0.75, 0.25, 0.5)})
