@@ -279,17 +279,17 @@ def test_a_reader_that_stops_early_or_cannot_encode_the_report_is_no_bug_and_no_
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "cp1252" if stdout == "cp1252" else "utf-8"}
     env.pop("PYTHONUNBUFFERED", None)  # a pipe's stdout is buffered: the report is written as the run ends
     env.update(HTTPS_PROXY=CLOSED, HTTP_PROXY=CLOSED, NO_PROXY="")  # without ../shared, no tokenizer download
-    process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.parity_check", "--tiny", "--dtypes", "float32", "--prompts", "1",
-         "--max-gen", "4", "--out", str(tmp_path)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE)
-    if stdout == "closed early":
-        process.stdout.close()
-        err = process.stderr.read().decode()
-    else:
-        out, err = (stream.decode("cp1252") for stream in process.communicate())
-        assert "| ?logit |" not in out and "max abs(?logit)" in out  # Δ is not in cp1252
-    code = process.wait()
+    with subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.parity_check", "--tiny", "--dtypes", "float32", "--prompts", "1",
+             "--max-gen", "4", "--out", str(tmp_path)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE) as process:  # closes both pipes
+        if stdout == "closed early":
+            process.stdout.close()
+            err = process.stderr.read().decode()
+        else:
+            out, err = (stream.decode("cp1252") for stream in process.communicate())
+            assert "| ?logit |" not in out and "max abs(?logit)" in out  # Δ is not in cp1252
+        code = process.wait()
     assert "Traceback" not in err and code == (141 if stdout == "closed early" else 0), err
 
 
