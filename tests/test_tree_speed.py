@@ -148,7 +148,7 @@ def test_each_config_is_compared_with_the_best_chain_within_each_repeat():
     assert configs["gamma 4"]["vs_best_chain"] == 1.0
 
 
-def test_the_noisy_pairs_alpha_is_accepted_over_judged_pooled_over_its_runs(monkeypatch):
+def test_the_noisy_pairs_alpha_and_tokens_per_call_are_pooled_over_its_runs_and_priced_at_the_configs_cost(monkeypatch):
     runs = []
 
     def recorded(*args, **kwargs):
@@ -164,3 +164,7 @@ def test_the_noisy_pairs_alpha_is_accepted_over_judged_pooled_over_its_runs(monk
         accepted, judged = sum(s.accepted for s in mine), sum(s.judged for s in mine)
         assert judged < sum(s.drafted for s in mine), "a pair whose drafts after a rejection go unjudged"
         assert result[(temperature, "gamma 4")]["alpha"] == accepted / judged
+        # Tokens per call pooled too, and the speedup they predict at the config's cost (2 target steps a call).
+        per_call = sum(s.new_tokens for s in mine) / sum(s.target_calls for s in mine)
+        assert result[(temperature, "gamma 4")]["tokens_per_call"] == per_call
+        assert result[(temperature, "gamma 4")]["predicted_at_large_costs"] == per_call / 2.0
