@@ -10,9 +10,10 @@ import json
 import shlex
 
 import pytest
+import torch
 
 from benchmarks import common, tree_speed
-from benchmarks.common import run_cli
+from benchmarks.common import random_model, run_cli, shape
 from benchmarks.tree_speed import ceiling, interpolate, main, predict_chain, predict_tree
 from spec_decoding import expected_tokens_per_step, speculative_generate
 
@@ -56,6 +57,31 @@ def test_a_short_run_writes_the_report(tmp_path):
         best = {kind: max((r["predicted_at_large_costs"] for n, r in results.items() if n.startswith(kind)))
                 for kind in ("chain", "tree")}
         assert f"the tree is {best['tree'] / best['chain']:.2f}x the chain" in report
+
+
+def test_each_cost_is_a_ratio_to_the_target_step_timed_beside_it_and_warm_up_is_left_out(monkeypatch):
+    target, draft = random_model(shape("tiny")), random_model(shape("tiny-draft"))
+    passes = []  # (model, tokens, tree mask or not) of each forward pass
+    for name, model in (("target", target), ("draft", draft)):
+        model.register_forward_pre_hook(
+            lambda m, args, kwargs, name=name: passes.append((name, args[0].size(1), kwargs.get("mask") is not None)),
+            with_kwargs=True)
+    base = {("target", 1, False): 2.0, ("target", 3, False): 2.5, ("target", 3, True): 3.0,
+            ("draft", 1, True): 0.4, ("draft", 2, True): 0.5}  # seconds of each pass at speed 1
+    # Each round times 4 (step, pass) pairs; a pair shares a speed, the speed changes from pair to pair.
+    speeds = iter(v for v in [1.0] * 4 + list(range(2, 14)) for _ in range(2))
+
+    def fake_timed(fn):
+        fn()
+        return base[passes[-1]] * next(speeds)
+
+    monkeypatch.setattr(tree_speed, "timed", fake_timed)
+    prompt = torch.zeros(1, 4, dtype=torch.long)
+    with torch.inference_mode():  # as main runs it
+        costs = tree_speed.measure_costs(target, draft, prompt, [1, 3], [1, 2], repeats=3)
+    assert costs["r"] == {1: 1.0, 3: 1.25} and costs["r_tree"] == {1: 1.0, 3: 1.5}
+    assert costs["c"] == {1: pytest.approx(0.2), 2: 0.25}
+    assert costs["t_t_s"] == 2.0 * 7.5  # the median step of the 3 rounds after the warm-up round (speed 1)
 
 
 def test_predictions_follow_the_profile_model():
