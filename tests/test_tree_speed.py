@@ -120,6 +120,15 @@ def test_ceilings_reprice_the_same_configs_with_width_made_cheap():
     free = c["verification free (r_k = 1)"]
     assert free["tree_predicted"] > c["measured costs"]["tree_predicted"]
     assert free["tree_vs_chain"] > c["measured costs"]["tree_vs_chain"]
+    # Draft passes 2.5x cheaper, with and without verification free: the best of each kind at those costs.
+    cheap = {**COSTS, "c": {n: v / 2.5 for n, v in COSTS["c"].items()}}
+    for variant, costs in (("draft passes 2.5x cheaper", cheap),
+                           ("both", {**cheap, "r": dict.fromkeys(COSTS["r"], 1.0),
+                                     "r_tree": dict.fromkeys(COSTS["r_tree"], 1.0)})):
+        chain = max(predict_chain(g, 0.5, costs)["predicted"] for g in range(1, 4))
+        tree = max(predict_tree(lv, (0.5, 0.15, 0.07), costs)["predicted"] for lv in weak.values())
+        assert c[variant]["chain_predicted"] == pytest.approx(chain)
+        assert c[variant]["tree_predicted"] == pytest.approx(tree)
 
 
 def test_interpolation_between_and_beyond_the_measured_points():
