@@ -7,6 +7,7 @@ spinning processes. Speed itself is never asserted here."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -214,3 +215,29 @@ def test_a_setting_that_cannot_fit_the_window_leaves_no_results_folder(args, cap
     assert run_cli(main, SHORT + ["--out", str(tmp_path / "out")] + args) == 2
     assert "context window of 1024" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+
+class RecordingSpinners:
+    """Stands in for Spinners: whether its spinning processes would be running."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.busy = n, False
+
+    @contextlib.contextmanager
+    def running(self, busy: bool):
+        self.busy = busy
+        yield
+        self.busy = False
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_odd_repeats_reverse_both_orders_and_the_spinners_run_in_the_loaded_phase_only(n):
+    spinners = RecordingSpinners(n)
+    args = argparse.Namespace(warmup=1, repeats=2)
+    got = [(rep, phase, item, spinners.busy)
+           for rep, phase, item in decode_speed.interleaved(["a", "b"], args, spinners)]
+    quiet = [("quiet", "a", False), ("quiet", "b", False)]
+    loaded = [("loaded", "a", True), ("loaded", "b", True)] if n else []
+    even, odd = quiet + loaded, (quiet + loaded)[::-1]  # odd repeats: the phases and the items backwards
+    assert got == [(rep, *x) for rep, order in ((0, even), (1, odd), (2, even)) for x in order]
