@@ -448,6 +448,8 @@ def test_the_peers_sampling_runs_draw_as_they_would_alone_whoever_moves_first():
         (ONE_RUN + ["--tree", "2", "--simulate-acceptance", "0.5", "--tree-profile", "nan"],
          "--tree-profile values are probabilities"),
         (ONE_RUN + ["--threads", str(os.cpu_count() + 1)], "--threads must lie in 1.."),
+        *((["--tiny", option, value], "repeats and component calls must be >= 1 and warm-up >= 0")
+          for option, value in (("--repeats", "0"), ("--warmup", "-1"), ("--component-calls", "0"))),
     ],
 )
 def test_user_mistakes_exit_with_one_line(args, message, capsys, tmp_path):
