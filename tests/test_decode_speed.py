@@ -217,7 +217,6 @@ def test_a_setting_that_cannot_fit_the_window_leaves_no_results_folder(args, cap
     assert not (tmp_path / "out").exists()
 
 
-
 class RecordingSpinners:
     """Stands in for Spinners: whether its spinning processes would be running."""
 
