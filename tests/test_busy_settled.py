@@ -13,6 +13,7 @@ from benchmarks import busy_settled
 from benchmarks.busy_settled import main
 from benchmarks.common import random_model, run_cli, shape
 from gpt2 import fast
+from helpers import ForwardRecorder
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -69,13 +70,11 @@ def test_the_settings_alternate_and_the_report_takes_medians_over_rounds(monkeyp
 
 def test_each_timed_pass_runs_on_the_100_token_cache(fast_kernels):
     model = random_model(shape("tiny"), seed=0)
-    seen = []  # (new tokens, cached positions) of each forward pass
-    handle = model.register_forward_pre_hook(lambda module, args: seen.append((args[0].size(1), args[1].length)))
-    with torch.inference_mode():
+    with ForwardRecorder(model) as recorder, torch.inference_mode():
         start = time.perf_counter()
         medians = busy_settled.measure(model, 3)
         wall = time.perf_counter() - start
-    handle.remove()
+    seen = [(call.tokens, call.cached) for call in recorder.calls]  # (new tokens, cached positions) of each pass
     warm_up, alternating = [(1, 100), (5, 100)] * 2, [(1, 100), (5, 100)] * 3
     assert seen == [(100, 0), *warm_up, *[(1, 100)] * 3, *[(5, 100)] * 3, *alternating]  # steps, then five-token passes
     assert set(medians) == {"step", "verify5", "mixed_step", "mixed_verify5"}
