@@ -322,7 +322,7 @@ def test_the_softmax_exp_is_as_accurate_as_float32(fast_kernels):
     the new key's score 0 the maximum, up to the exp and two float32 roundings (6e-8 each). Its polynomial with one
     coefficient doubled (that of r^6) is 3.4e-6 off: inside the attention tolerance, outside this one."""
     nh, n = 8, 512  # n keys per head, the last one new; head size n, for the one-hot values
-    s = -torch.linspace(0, 80, nh * n).view(1, nh, n)
+    s = -torch.linspace(0, 80, nh * n).view(1, nh, n)  # (B, nh, S): each key's score
     s[..., -1] = 0.0
     cache_k, cache_v = torch.zeros(1, nh, n, n), torch.eye(n).expand(1, nh, n, n).contiguous()  # (B, nh, S, hs)
     cache_k[..., 0] = s
@@ -330,7 +330,7 @@ def test_the_softmax_exp_is_as_accurate_as_float32(fast_kernels):
     q[..., 0] = 1.0
     k_new, v_new = cache_k[:, :, -1:].clone(), cache_v[:, :, -1:].clone()
     y = kernel_attention(fast_kernels, q, k_new, v_new, cache_k, cache_v, torch.tensor([n - 1]), None, scale=1.0)
-    y = y.view(nh, n).double()
+    y = y.view(nh, n).double()  # (B, T, nh * hs) -> (nh, n): y[h, i] = p_i
     relative = (y / y[:, -1:] / s[0].double().exp() - 1).abs()
     assert relative.max().item() <= 3e-7
 
