@@ -319,16 +319,17 @@ def test_large_scores_do_not_overflow(fast_kernels):
 def test_the_softmax_exp_is_as_accurate_as_float32(fast_kernels):
     """The kernels' e^x (exp8, vector_math.h) within 3e-7 relative over the range a softmax meets, x in [-80, 0]. One
     query e_0 over 512 keys s_i e_0 (scale 1: exact scores) with one-hot values e_i, so y_i / y_last = e^(s_i - 0),
-    the new key's score 0 the maximum, up to the exp and two float32 roundings (6e-8 each). Its polynomial with one
-    coefficient doubled (that of r^6) is 3.4e-6 off: inside the attention tolerance, outside this one."""
+    the new key's score 0 the maximum, up to the exp and one float32 rounding (6e-8; y_last is 1 / sum exactly).
+    Its polynomial with one coefficient doubled (that of r^6) is 3.4e-6 off: inside the attention tolerance, outside
+    this one."""
     nh, n = 8, 512  # n keys per head, the last one new; head size n, for the one-hot values
     s = -torch.linspace(0, 80, nh * n).view(1, nh, n)  # (B, nh, S): each key's score
     s[..., -1] = 0.0
     cache_k, cache_v = torch.zeros(1, nh, n, n), torch.eye(n).expand(1, nh, n, n).contiguous()  # (B, nh, S, hs)
     cache_k[..., 0] = s
-    q = torch.zeros(1, nh, 1, n)
+    q = torch.zeros(1, nh, 1, n)  # (B, nh, T, hs)
     q[..., 0] = 1.0
-    k_new, v_new = cache_k[:, :, -1:].clone(), cache_v[:, :, -1:].clone()
+    k_new, v_new = cache_k[:, :, -1:].clone(), cache_v[:, :, -1:].clone()  # (B, nh, T, hs): the last key, new
     y = kernel_attention(fast_kernels, q, k_new, v_new, cache_k, cache_v, torch.tensor([n - 1]), None, scale=1.0)
     y = y.view(nh, n).double()  # (B, T, nh * hs) -> (nh, n): y[h, i] = p_i
     relative = (y / y[:, -1:] / s[0].double().exp() - 1).abs()
