@@ -1,7 +1,9 @@
 """The C kernels of gpt2/fast/csrc, called directly, against float64
 references: the matrix product with its optional layer norm, GELU and
 residual (linear.c, float32 and int8 weights), and attention over a KV cache
-with per-row cache lengths and tree masks (attention.c). Each check is shown
+with per-row cache lengths and tree masks (attention.c); and their memory:
+scratch freed (glibc's count of the heap), no access past a buffer (the
+kernel tests again, on a build with AddressSanitizer). Each check is shown
 to fail on a plausible mistake.
 
 Tolerances: outputs of unit scale, float32 sums in another order and the
@@ -16,7 +18,10 @@ import ctypes
 import math
 import os
 import platform
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +31,7 @@ import torch.nn.functional as F
 from gpt2.fast import build
 from gpt2.fast.accelerator import pack_rows
 from gpt2.fast.quantize import dequantize_rows, quantize_rows_int8
-from helpers import binary_tree_mask
+from helpers import REPO_ROOT, binary_tree_mask
 
 FUSED_ATOL = 2e-5
 ATTENTION_ATOL = 1e-5
@@ -347,3 +352,85 @@ def test_the_kernels_are_not_skipped_where_this_machine_can_run_them():
     if shutil.which(os.environ.get("CC", "").split()[0] if os.environ.get("CC", "").strip() else "cc") is None:
         pytest.skip("no C compiler on PATH")
     assert build.cpu_unsupported() is None and build.compiler() is not None
+
+
+# ---------------------------------------------------------------------------
+# Memory: the kernels free their scratch and stay inside their buffers
+# ---------------------------------------------------------------------------
+
+
+class Mallinfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2`: the heap's counters, in bytes."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def heap_bytes_in_use() -> int:
+    """Bytes the C heap has handed out and not had back, over every thread's arena: glibc's mallinfo2, its chunks
+    (uordblks) plus the large blocks it maps alone (hblkhd)."""
+    mallinfo2 = getattr(ctypes.CDLL(None), "mallinfo2", None)
+    if mallinfo2 is None:
+        pytest.skip("counting the C heap needs glibc's mallinfo2 (glibc 2.33 or later)")
+    mallinfo2.restype = Mallinfo2
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def test_the_kernels_free_their_scratch(fast_kernels):
+    """100 more calls leave the C heap where one call left it. The scratch: the layer norm's rows (linear.c, float32
+    and int8 weights, each freed on its own path) and, per thread, the scores and the seen window keys (attention.c;
+    rows whose caches grow, so a thread's scores buffer is replaced mid-call). Each leaks 50 KB or more over the 100
+    calls, a freed one 0 to a few hundred bytes (Python's own)."""
+    x, w, b, norm, residual = fused_case(8, 768, 300, seed=3)
+    q8, scale = quantize_rows_int8(w)
+    B, nh, T, hs = 3, 4, 64, 64
+    g = torch.Generator().manual_seed(4)
+    cache_k, cache_v = torch.randn(B, nh, 1024, hs, generator=g), torch.randn(B, nh, 1024, hs, generator=g)
+    q, k_new, v_new = torch.randn(3, B, nh, T, hs, generator=g).unbind(0)  # 3 x (B, nh, T, hs)
+    starts = torch.tensor([10, 500, 900])  # rising: each thread's later rows need more room for their scores
+    calls = {
+        "linear": lambda: kernel_linear(fast_kernels, x, w, b, norm=norm, gelu=True, residual=residual),
+        "linear, int8": lambda: kernel_linear(fast_kernels, x, q8, b, norm=norm, int8_scale=scale),
+        "attention": lambda: kernel_attention(fast_kernels, q, k_new, v_new, cache_k, cache_v, starts, None),
+    }
+    with torch.no_grad():
+        for name, call in calls.items():
+            call()
+            before = heap_bytes_in_use()
+            for _ in range(100):
+                call()
+            assert heap_bytes_in_use() - before <= 4096, name
+
+
+def test_the_kernels_stay_inside_their_buffers_under_address_sanitizer(tmp_path):
+    """The kernel tests of this file and three of test_fast_path.py (the fused block loop against the readable path)
+    in a child process whose kernels are built with AddressSanitizer (`CC` with -fsanitize=address, its runtime
+    preloaded into Python): a read or a write past a buffer that changes no result (a padded lane read past a row, a
+    stray store past the scratch) stops it with a report, which the failure shows. libstdc++ is preloaded too: the
+    runtime must find its exception entry point, which PyTorch throws through."""
+    cc = build.compiler()
+    if build.cpu_unsupported() or cc is None:
+        pytest.skip("the kernels cannot be built here")
+    runtimes = [subprocess.run([*cc, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+                for name in ("libasan.so", "libstdc++.so.6")]
+    if not os.path.isabs(runtimes[0]):
+        pytest.skip(f"`{shlex.join(cc)}` has no AddressSanitizer runtime (libasan.so)")
+    env = dict(os.environ, CC=shlex.join([*cc, "-fsanitize=address", "-fno-omit-frame-pointer"]),
+               GPT2_KERNEL_CACHE=str(tmp_path / "kernels"), LD_PRELOAD=" ".join(filter(os.path.isabs, runtimes)),
+               ASAN_OPTIONS=f"detect_leaks=0:log_path={tmp_path / 'asan'}")  # Python itself leaks at exit
+    tests = [f"tests/{Path(__file__).name}", *(f"tests/test_fast_path.py::{name}" for name in (
+        "test_the_fast_path_gives_the_readable_logits_and_cache",
+        "test_a_position_has_the_same_bits_in_a_step_a_verification_and_a_batch",
+        "test_a_tree_larger_than_one_kernel_call_keeps_the_bits_of_its_paths"))]
+    child = subprocess.run(  # less the two builds compared (slow here) and the two memory tests
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, "-k",
+         "not avx2_and_avx512 and not free_their_scratch and not address_sanitizer"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    reports = "".join(path.read_text() for path in tmp_path.glob("asan*"))
+    summary = (child.stdout.strip().splitlines() or ["no output"])[-1]
+    assert child.returncode == 0 and not reports, f"{summary}\n{reports[:3000]}{child.stderr[-1000:]}"
+    assert " passed" in summary and "skipped" not in summary and "deselected" in summary, summary
+    libraries = list((tmp_path / "kernels").glob("gpt2-kernels-*.so"))
+    assert libraries and all(b"__asan_report" in library.read_bytes() for library in libraries)
