@@ -383,11 +383,12 @@ def test_the_kernels_free_their_scratch(fast_kernels):
     and int8 weights, each freed on its own path) and, per thread, the scores and the seen window keys (attention.c;
     rows whose caches grow, so a thread's scores buffer is replaced mid-call). Each leaks 50 KB or more over the 100
     calls, a freed one 0 to a few hundred bytes (Python's own)."""
-    x, w, b, norm, residual = fused_case(8, 768, 300, seed=3)
-    q8, scale = quantize_rows_int8(w)
+    x, w, b, norm, residual = fused_case(8, 768, 300, seed=3)  # x (N, in), w (out, in), residual (N, out)
+    q8, scale = quantize_rows_int8(w)  # (out, in) int8 levels, (out,) scales
     B, nh, T, hs = 3, 4, 64, 64
     g = torch.Generator().manual_seed(4)
-    cache_k, cache_v = torch.randn(B, nh, 1024, hs, generator=g), torch.randn(B, nh, 1024, hs, generator=g)
+    S = 1024  # cached positions each row has room for
+    cache_k, cache_v = torch.randn(B, nh, S, hs, generator=g), torch.randn(B, nh, S, hs, generator=g)  # (B, nh, S, hs)
     q, k_new, v_new = torch.randn(3, B, nh, T, hs, generator=g).unbind(0)  # 3 x (B, nh, T, hs)
     starts = torch.tensor([10, 500, 900])  # rising: each thread's later rows need more room for their scores
     calls = {
