@@ -24,7 +24,7 @@ EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEFAULT_GAMMA = 4
 DEFAULT_BATCH_SIZE = 8  # prompts of --prompts-file decoded together
 DEFAULT_TREE = "2,2"  # spec_decoding.tree.DEFAULT_TREE (not imported here: --help answers without torch)
-GAMMA_SCHEDULES = ("auto", "heuristic")  # --gamma by name (spec_decoding/schedule.py)
+GAMMA_SCHEDULES = ("auto", "heuristic")  # spec_decoding.schedule.SCHEDULE_NAMES (not imported here, as above)
 NGRAM_DRAFT = "ngram"  # --draft ngram: prompt lookup, no draft model
 DEFAULT_NGRAM = 3
 

@@ -232,7 +232,7 @@ class HeuristicGamma(GammaSchedule):
         return "heuristic (+2/-1)"
 
 
-SCHEDULE_NAMES = ("auto", "heuristic")
+SCHEDULE_NAMES = ("auto", "heuristic")  # what `gamma` may name; the CLI's --gamma takes the same (cli/arguments.py)
 
 
 def make_schedule(gamma: int | str | GammaSchedule, target: GPT2, drafter: Drafter) -> GammaSchedule:

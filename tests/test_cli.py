@@ -37,12 +37,13 @@ import torch
 
 import gpt2
 import spec_decoding_generate as cli
-from cli.arguments import MAX_PROMPT_BYTES, check_settings, check_tree
+from cli.arguments import GAMMA_SCHEDULES, MAX_PROMPT_BYTES, check_settings, check_tree
 from cli.report import describe_gammas, print_batch_summary, print_comparison, speedups_agree, tree_rows
 from cli.stream import ACCEPTED_STYLE, RESET, TARGET_STYLE, TokenStream, Unfailing
 from gpt2 import GPT2Config, generate, load_model, load_tokenizer
 from gpt2.generate import first_difference
 from spec_decoding import BatchStats, SpecStats, TreeShape, expected_tokens_per_step
+from spec_decoding.schedule import SCHEDULE_NAMES
 from helpers import REPO_ROOT, hub_layout, perturbed_copy, tiny_gpt2, write_checkpoint
 from hub_server import HubServer, closed_endpoint
 
@@ -322,9 +323,10 @@ def step_costs_cache(tmp_path, monkeypatch):
     return tmp_path / "step-costs"
 
 
-@pytest.mark.parametrize("gamma", ["auto", "heuristic"])
+@pytest.mark.parametrize("gamma", SCHEDULE_NAMES)
 def test_gamma_by_name_keeps_the_output_and_reports_the_k_it_chose(capsys, folders, single_thread, step_costs_cache,
                                                                     gamma):
+    assert GAMMA_SCHEDULES == SCHEDULE_NAMES  # the CLI keeps its own copy: --help answers without torch
     result = run_main(capsys, *local_models(folders), "--gamma", gamma, "--compare")
     assert_ok(result)
     assert "identical to the target alone, token for token (20 tokens)" in result.stdout
