@@ -869,6 +869,8 @@ def test_status_says_readable_when_the_parameters_send_every_pass_there(fast_ker
     assert "a module the kernels stand in for was replaced, hooked" in fast.status(model)
 
 
+# torch's make_dual loads its forward-AD decompositions through torch.jit.script, which warns in torch 2.10+.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_forward_mode_ad_is_left_to_the_readable_path(fast_kernels):
     """The kernels dropped a dual input's tangent: the output came back with none, silently."""
     import torch.autograd.forward_ad as fwAD
