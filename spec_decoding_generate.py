@@ -215,9 +215,15 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
         out.flush()
 
     stream = TokenStream(tokenizer, out, color)
-    stats, spec_seconds, interrupted = speculate(
-        args, sampling, tree, target, draft if tree is not None else drafter, schedule, input_ids, stream
-    )
+    try:
+        stats, spec_seconds, interrupted = speculate(
+            args, sampling, tree, target, draft if tree is not None else drafter, schedule, input_ids, stream
+        )
+    except ValueError:  # mid-run (a model's logits overflowed: gpt2.sampling.sample): the error on a line of its own
+        if out is not None:
+            out.write("\n")
+            out.flush()
+        raise
     if out is not None:
         out.write("\n")
         if interrupted:

@@ -147,10 +147,22 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 
     Returns:
         (...) LongTensor of token ids.
+
+    Raises:
+        ValueError: probs hold NaN or inf, which torch refuses to draw from:
+            the logits were not finite (on a CPU; a GPU stops at a device assert).
     """
     V = probs.size(-1)
     flat = probs.reshape(-1, V)  # (N, V)
-    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])  # (N, 1) -> (...)
+    try:
+        drawn = torch.multinomial(flat, 1, generator=generator)  # (N, 1)
+    except RuntimeError:
+        if bool(torch.isfinite(flat).all()):
+            raise
+        raise ValueError("the next-token distribution holds NaN or inf: a model's forward pass overflowed (its "
+                         "weights are too large, as in a damaged or mis-scaled checkpoint, or float16 could not hold "
+                         "its activations): check the checkpoint, or compute in float32") from None
+    return drawn.view(probs.shape[:-1])  # (N, 1) -> (...)
 
 
 def next_token(

@@ -1094,6 +1094,19 @@ def test_corrupt_weights_file(tmp_path, capsys, folders, single_thread):
     assert_bad_input(result, "model.safetensors is corrupt or truncated")
 
 
+def test_a_target_whose_forward_pass_overflows(tmp_path, capsys, folders, single_thread):
+    """Embeddings of 3e38 pass the load's check (finite in float32) and overflow in the first layer norm: sampling
+    stopped with "unexpected RuntimeError: probability tensor contains either `inf`, `nan` ...", exit 1."""
+    state = hub_layout(tiny_gpt2(CONFIG, seed=0))
+    state |= {name: torch.full_like(state[name], 3e38) for name in ("wte.weight", "wpe.weight")}  # sum: inf
+    overflowing = write_checkpoint(tmp_path / "overflowing", CONFIG, state, with_tokenizer=True)
+    args = ["--draft", str(folders["draft"]), "--target", str(overflowing), "--temperature", "1", "-p", "Hello"]
+    assert_bad_input(run_main(capsys, *args, "--json"), "the next-token distribution holds NaN or inf")
+    streamed = run_main(capsys, *args)  # the prompt is out before the first step: the error goes on a line of its own
+    assert streamed.returncode == 2 and streamed.stdout.endswith("Hello\n"), streamed
+    assert streamed.stderr.splitlines()[-1].startswith("error: the next-token distribution holds NaN or inf")
+
+
 def test_unavailable_device(capsys, folders):
     assert_bad_input(run_main(capsys, *local_models(folders), "--device", "cuda:99"), "device 'cuda:99'")
 

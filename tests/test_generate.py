@@ -336,6 +336,17 @@ def test_probs_sum_to_one_over_any_leading_dims(config):
     assert torch.allclose(probs.sum(dim=-1), torch.ones(2, 3), atol=1e-5)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_sample_from_logits_that_overflowed_says_so(bad):
+    """torch's RuntimeError ("probability tensor contains either `inf`, `nan` or element < 0") became the
+    command's "unexpected RuntimeError", exit 1; any other refusal of torch's is left as it is."""
+    probs = torch.tensor([[0.5, 0.5, 0.0], [0.2, bad, 0.3]])  # (2, 3): the second row not finite
+    with pytest.raises(ValueError, match=r"^the next-token distribution holds NaN or inf: .* compute in float32$"):
+        sample(probs, torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="element < 0"):
+        sample(torch.tensor([[0.5, -0.1, 0.6]]))  # (1, 3) finite, but not a distribution
+
+
 def test_sample_reproduces_with_a_seeded_generator_and_follows_the_distribution():
     p = torch.tensor([0.1, 0.0, 0.6, 0.3])
     N = 40_000
