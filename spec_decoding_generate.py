@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 from cli.arguments import (
@@ -202,6 +204,7 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     # --compare: plain target steps timed right before the speculative run, on the prompt (and after it, on the text)
     target_steps = [target_step_seconds(target, input_ids)] if args.compare else []
 
+    interruptible()
     out = None if args.json else sys.stdout
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if out is not None:
@@ -418,6 +421,7 @@ def run_file(args: argparse.Namespace, sampling, prompts: list[tuple[int, str]])
     first = torch.tensor([prompt_ids[0]], dtype=torch.long, device=device)  # (1, T)
     warm_up(draft, first)
     warm_up(target, first)
+    interruptible()
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if not args.json:
         report.print_header(
@@ -644,16 +648,40 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="replace")
     stdout, sys.stdout = sys.stdout, Checked(sys.stdout)
     stderr, sys.stderr = sys.stderr, Unfailing(sys.stderr)
+    ctrl_c = signal.getsignal(signal.SIGINT)  # Python's KeyboardInterrupt, unless the caller ignores SIGINT
+    if ctrl_c is signal.default_int_handler and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, end_at_once)  # until the run shows something (`interruptible`)
     try:
         return run_command(argv)
     finally:
         sys.stdout, sys.stderr = stdout, stderr  # for a caller in this process
+        if signal.getsignal(signal.SIGINT) is end_at_once:
+            signal.signal(signal.SIGINT, ctrl_c)
+
+
+def end_at_once(signum, frame) -> None:
+    """Ctrl-C before the run shows anything (torch's import, loading, a download): "interrupted", exit code 130, at
+    once. A KeyboardInterrupt could land inside torch's import or one of its C++ callbacks, which turned it into
+    another error, swallowed it (the run went on), or aborted the process."""
+    try:
+        sys.stderr.flush()
+        os.write(sys.stderr.fileno(), b"\ninterrupted\n")
+    except (OSError, ValueError, RuntimeError):  # stderr closed or unwritable; RuntimeError: a write it interrupted
+        pass
+    os._exit(EXIT_INTERRUPTED)
+
+
+def interruptible() -> None:
+    """From here on Ctrl-C is a KeyboardInterrupt again, which the run catches to print the text and stats so far."""
+    if signal.getsignal(signal.SIGINT) is end_at_once:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_command(argv: list[str] | None) -> int:
     """The command on stdout and stderr as `main` has set them up: its exit code, errors as one line."""
-    args = build_parser().parse_args(argv)
+    args = None
     try:
+        args = build_parser().parse_args(argv)  # --help writes its text here
         sampling = check_settings(args)
         tree = check_tree(args)
         if args.prompts_file is not None:
@@ -665,7 +693,7 @@ def run_command(argv: list[str] | None) -> int:
             code = run(args, sampling, tree, read_prompt(args))
         sys.stdout.flush()  # here, where a failed write is caught, not as Python exits
         return code
-    except KeyboardInterrupt:  # before generation started (loading, downloading)
+    except KeyboardInterrupt:  # before the run showed anything, where `end_at_once` could not be installed
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # stdout closed early, e.g. `| head`
@@ -676,12 +704,12 @@ def run_command(argv: list[str] | None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_UNEXPECTED
     except (ValueError, OSError) as e:  # the product's user errors say how to fix them
-        if args.debug:
+        if args is not None and args.debug:
             raise
         print(f"error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as e:
-        if args.debug:
+        if args is not None and args.debug:
             raise
         message = f"unexpected {type(e).__name__}: {one_line(e)} (run with --debug for the traceback)"
         print(f"error: {message}", file=sys.stderr)

@@ -772,6 +772,76 @@ def test_ctrl_c_in_the_target_alone_leaves_the_finished_run_finished(folders, ca
         assert re.search(r"target alone\s+interrupted \(Ctrl-C\) before it finished", result.stdout), result.stdout
 
 
+# The command with a real SIGINT sent to itself: `where` patches a function the run calls to send it.
+REAL_CTRL_C = """
+import os, signal, sys, time
+import gpt2.loading, spec_decoding
+import spec_decoding_generate as cli
+
+where = sys.argv[1]
+if where == "loading":  # inside code that swallows KeyboardInterrupt, as torch's import did now and then
+    real_shapes = gpt2.loading.stored_shapes
+
+    def stored_shapes(*args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(10)
+        except KeyboardInterrupt:
+            pass
+        return real_shapes(*args)
+
+    gpt2.loading.stored_shapes = stored_shapes
+else:  # in the target's fourth pass: prefill, two steps, then the third
+    real_generate = spec_decoding.speculative_generate
+
+    def speculative_generate(target, *args, **kwargs):
+        passes = []
+
+        def pass_(module, inputs):
+            passes.append(1)
+            if len(passes) == 4:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(10)
+
+        handle = target.register_forward_pre_hook(pass_)
+        try:
+            return real_generate(target, *args, **kwargs)
+        finally:
+            handle.remove()
+
+    spec_decoding.speculative_generate = speculative_generate
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def run_with_real_ctrl_c(tmp_path: Path, where: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", REAL_CTRL_C, where, *ON_CPU, *args], cwd=REPO_ROOT,
+                          env=cli_env(tmp_path), capture_output=True, text=True, encoding="utf-8", timeout=120)
+
+
+def test_ctrl_c_before_anything_is_shown_ends_the_run_at_once(tmp_path, folders):
+    """Ctrl-C while torch imported or the models loaded: now and then torch swallowed the KeyboardInterrupt (the
+    run went on to exit 0), turned it into another error (a RecursionError read as a config too large, an
+    ImportError) or aborted (SIGABRT): 21 of 112 runs interrupted 0.1 to 0.6 s after start, none now."""
+    result = run_with_real_ctrl_c(tmp_path, "loading", *local_models(folders))
+    assert (result.returncode, result.stdout) == (130, ""), result
+    assert result.stderr.splitlines()[-1] == "interrupted" and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("prompts", ["one", "file"])
+def test_a_real_ctrl_c_once_the_text_streams_prints_the_text_and_stats_so_far(tmp_path, folders, prompts):
+    path = tmp_path / "prompts.txt"
+    path.write_text("Hello world\n", encoding="utf-8")
+    source = ["-p", "Hello world"] if prompts == "one" else ["--prompts-file", str(path)]
+    result = run_with_real_ctrl_c(tmp_path, "streaming", *local_models(folders), *source)
+    assert result.returncode == 130 and "Traceback" not in result.stderr, result
+    if prompts == "one":
+        assert "[interrupted]" in result.stdout
+        assert re.search(r"new tokens\s+([2-9]|10) in 2 target calls, interrupted \(Ctrl-C\)", result.stdout), result
+    else:
+        assert re.search(r"\[([2-9]|10) new tokens in 2 target calls, interrupted \(Ctrl-C\);", result.stdout), result
+
+
 def test_first_difference():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
@@ -988,10 +1058,12 @@ def test_a_prompt_from_stdin_too_long_for_any_context_window(capsys, monkeypatch
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (Linux has one)")
-def test_output_that_cannot_be_written_is_not_bad_input(tmp_path, folders):
-    # It said "error: [Errno 28] No space left on device" with exit code 2, bad input.
+@pytest.mark.parametrize("args", [["-p", "Hello"], ["--help"]])
+def test_output_that_cannot_be_written_is_not_bad_input(tmp_path, folders, args):
+    # It said "error: [Errno 28] No space left on device" with exit code 2, bad input; --help, whose text argparse
+    # writes, ended in a traceback (exit code 1).
     with open("/dev/full", "w") as full:
-        result = subprocess.run([sys.executable, str(SCRIPT), *ON_CPU, *local_models(folders), "-p", "Hello"],
+        result = subprocess.run([sys.executable, str(SCRIPT), *ON_CPU, *local_models(folders), *args],
                                 cwd=REPO_ROOT, env=cli_env(tmp_path), stdout=full, stderr=subprocess.PIPE,
                                 text=True, timeout=120)
     assert result.returncode == 1, result.stderr
