@@ -80,6 +80,7 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
             there is no local copy.
     """
     folder = local_folder_for(repo_id, weights_dir)
+    first_download = not download_folder_exists(folder)
     tokenizer_files = sum((folder / f).is_file() for f in TOKENIZER_FILES)
     if all((folder / f).is_file() for f in MODEL_FILES) and tokenizer_files != 1:
         return folder  # downloaded before: no network needed (some repos have no tokenizer files; one alone: deleted)
@@ -96,7 +97,6 @@ def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
     probe = partial(probe_hub, partial(get_hf_file_metadata, hf_hub_url(repo_id, "config.json"),
                                        timeout=HUB_PROBE_TIMEOUT_SECONDS))
     progress = {"tqdm_class": progress_bar_class()} if accepts_tqdm_class(hf_hub_download) else {}
-    first_download = not folder.exists()
     try:
         try:
             ask_hub(probe, repo_id, "config.json", folder)
@@ -132,6 +132,25 @@ def probe_hub(request: Callable[[], object]) -> None:
     except Exception as e:
         if not (type(e).__name__.endswith("Timeout") and "Connect" not in type(e).__name__):  # ReadTimeout: slow
             raise
+
+
+def download_folder_exists(folder: Path) -> bool:
+    """Whether `folder` exists (a file where a folder above it should be: no).
+
+    Raises:
+        ValueError: the file system refuses to look it up (a name longer than
+            255 bytes, a folder above it that cannot be read).
+    """
+    try:
+        os.stat(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        raise ValueError(
+            f"cannot use the download folder {folder} ({e.strerror or type(e).__name__}): "
+            "pass a weights_dir (--weights-dir) that is a writable folder, or a local model folder"
+        ) from None
+    return True
 
 
 def make_download_folder(folder: Path) -> None:

@@ -507,6 +507,14 @@ def test_a_weights_dir_that_is_a_file_raises_value_error(hub, tmp_path, folder):
         load_model(REPO_ID, weights_dir=weights)
 
 
+def test_a_weights_dir_the_file_system_cannot_look_up_raises_value_error(no_hub, tmp_path):
+    # It was an OSError, "[Errno 36] File name too long: '.../gpt2/vocab.json'", naming neither cause nor fix.
+    weights = tmp_path / ("y" * 300)  # one name over the 255 bytes file systems allow
+    with pytest.raises(ValueError, match=r"cannot use the download folder .* \(File name too long\): pass a "
+                                         r"weights_dir \(--weights-dir\) that is a writable folder"):
+        load_model("gpt2", weights_dir=weights)
+
+
 def test_n_positions_is_the_window_where_config_json_keeps_a_stale_n_ctx(folder, state):
     # As transformers reads it: n_positions sizes wpe; an older n_ctx beside it is not the window.
     n_positions = json.loads((folder / "config.json").read_text())["n_positions"]
