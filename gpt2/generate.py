@@ -68,6 +68,15 @@ def check_eos_id(eos_id, vocab_size: int) -> int | None:
     return eos
 
 
+def prompt_too_long(T: int, n_ctx: int, where: str = "") -> ValueError:
+    """The error for a prompt of T >= n_ctx tokens, `where` before it (e.g. "row 2: ")."""
+    if n_ctx < 2:  # no prompt is short enough
+        return ValueError(f"{where}the context window is {n_ctx}, too small for a prompt and a new token: use a model "
+                          "with a larger window (n_ctx)")
+    return ValueError(f"{where}the prompt has {T} tokens but the context window is {n_ctx}: shorten it to at most "
+                      f"{n_ctx - 1} tokens so there is room to generate")
+
+
 def check_prompt(input_ids: torch.Tensor, n_ctx: int, vocab_size: int) -> None:
     """Raises ValueError, saying how to fix it, if `input_ids` cannot be a prompt.
 
@@ -84,10 +93,7 @@ def check_prompt(input_ids: torch.Tensor, n_ctx: int, vocab_size: int) -> None:
     if T == 0:
         raise ValueError("the prompt is empty: give at least one token")
     if T >= n_ctx:
-        raise ValueError(
-            f"the prompt has {T} tokens but the context window is {n_ctx}: shorten it to at most "
-            f"{n_ctx - 1} tokens so there is room to generate"
-        )
+        raise prompt_too_long(T, n_ctx)
     lo, hi = int(input_ids.min()), int(input_ids.max())
     if lo < 0 or hi >= vocab_size:
         bad_row = int(((input_ids < 0) | (input_ids >= vocab_size)).any(dim=1).nonzero()[0])
@@ -145,10 +151,7 @@ def check_prompts(
         if T_b == 0:
             raise ValueError(f"row {b}: the prompt is empty: give every prompt at least one token")
         if T_b >= n_ctx:
-            raise ValueError(
-                f"row {b}: the prompt has {T_b} tokens but the context window is {n_ctx}: shorten it to at "
-                f"most {n_ctx - 1} tokens so there is room to generate"
-            )
+            raise prompt_too_long(T_b, n_ctx, f"row {b}: ")
         lo, hi = int(row.min()), int(row.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"row {b}: token ids must lie in [0, {vocab_size}), got ids from {lo} to {hi}")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers import TINY, hub_state_dict, make_hf_model, write_checkpoint
-from gpt2 import SamplingConfig, generate, load_model, logits_to_probs, next_token, sample
+from gpt2 import GPT2, GPT2Config, SamplingConfig, generate, load_model, logits_to_probs, next_token, sample
 from gpt2.sampling import GREEDY_BELOW_TEMPERATURE, MAX_TEMPERATURE, check_generator
 
 
@@ -115,6 +115,15 @@ def test_the_context_window_stops_generation(models):
 
     last = generate(ours, prompt(T=n_ctx - 1, seed=7), 10, temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert last.shape == (1, n_ctx), "one token of room: one new token"
+
+
+@pytest.mark.parametrize("prompts, where", [(torch.tensor([[1]]), ""), ([[1], [2]], "row 0: ")])
+def test_a_window_of_one_token_says_no_prompt_fits(prompts, where):
+    # It said "shorten it to at most 0 tokens", a prompt that cannot be given.
+    model = GPT2(GPT2Config(n_layer=1, n_head=1, n_embd=8, vocab_size=10, n_ctx=1)).eval()
+    with pytest.raises(ValueError, match=rf"^{where}the context window is 1, too small for a prompt and a new token: "
+                                         r"use a model with a larger window \(n_ctx\)$"):
+        generate(model, prompts, 5)
 
 
 def test_zero_new_tokens_returns_the_prompt(models):
