@@ -149,8 +149,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
         (...) LongTensor of token ids.
 
     Raises:
-        ValueError: probs hold NaN or inf, which torch refuses to draw from:
-            the logits were not finite (on a CPU; a GPU stops at a device assert).
+        ValueError: probs hold NaN or inf (the logits were not finite), where
+            torch's draw refuses them with an error of its own.
     """
     V = probs.size(-1)
     flat = probs.reshape(-1, V)  # (N, V)
