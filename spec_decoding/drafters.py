@@ -128,11 +128,14 @@ def check_drafter_fits(drafter: object, target: GPT2) -> None:
 
 def check_reference(reference: list[int], vocab_size: int, what: str = "reference") -> None:
     """Raises a ValueError unless every id of a simulated drafter's `reference`
-    lies in 0..vocab_size-1: it feeds them to its draft model."""
-    bad = next((t for t in reference if not 0 <= t < vocab_size), None)
-    if bad is not None:
+    is an integer in 0..vocab_size-1: it feeds them to its draft model."""
+    bad = next((t for t in reference if not isinstance(t, int) or not 0 <= t < vocab_size), None)
+    if isinstance(bad, int):
         raise ValueError(f"{what} holds token id {bad}, outside the draft's vocabulary 0..{vocab_size - 1}: give "
                          "the target's greedy output (gpt2.generate)")
+    if bad is not None:  # a float tensor's .tolist(): the first error named input_ids, mid-run
+        raise ValueError(f"{what} holds {bad!r}, not an integer token id: give the target's greedy output "
+                         "(gpt2.generate), a tensor of integer ids")
 
 
 class Drafter(ABC):

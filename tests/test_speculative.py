@@ -412,6 +412,8 @@ def test_simulated_drafter_refuses_bad_settings(target, drafts):
     for bad in (-1, 10**6):  # fed to the draft model: on CUDA a device-side assert
         with pytest.raises(ValueError, match=f"reference holds token id {bad}, outside the draft's vocabulary"):
             SimulatedDrafter(drafts["unrelated"], torch.cat([reference, torch.tensor([[bad]])], 1), 0.5)
+    with pytest.raises(ValueError, match=r"reference holds \d+\.5, not an integer token id: give the target's greedy"):
+        SimulatedDrafter(drafts["unrelated"], reference + 0.5, 0.5)  # it named input_ids, once the run had started
     drafter = SimulatedDrafter(drafts["unrelated"], reference, 0.5)
     with pytest.raises(ValueError, match="greedy decoding only"):
         speculative_generate(target, drafter, prompt(), gamma=2, max_new_tokens=4, temperature=1.0)
