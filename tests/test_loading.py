@@ -425,6 +425,9 @@ def test_missing_config_json_raises_file_not_found(folder):
         load_model(folder)
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         load_model(str(folder))
+    (folder / "config.json").mkdir()  # a folder in its place
+    with pytest.raises(FileNotFoundError, match="has a config.json that is not a file: a model folder needs"):
+        load_model(folder)
 
 
 def test_missing_safetensors_raises_file_not_found(folder):
