@@ -25,7 +25,7 @@ from statistics import median
 
 import torch
 
-from benchmarks.common import ArgumentParser, must
+from benchmarks.common import ArgumentParser, must, pair_names
 from benchmarks.common import build_pair, check_range, environment, environment_lines, markdown_table, results_dir
 from benchmarks.common import MAX_SEED, check_caches_fit, run_cli, say, set_threads, shape, timed, write_json
 from benchmarks.decode_speed import BandwidthProbe, step_bytes, weight_bytes
@@ -311,8 +311,8 @@ def report_lines(summary: dict, args: argparse.Namespace) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m benchmarks.batch_speed", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--target", default="gpt2-large", help="target shape (random weights)")
-    p.add_argument("--draft", default="gpt2", help="draft shape (random weights)")
+    p.add_argument("--target", help="target shape, random weights (default gpt2-large)")
+    p.add_argument("--draft", help="draft shape, random weights (default gpt2)")
     p.add_argument("--tiny", action="store_true", help="tiny random models, for tests and smoke runs")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8],
                    help=f"B of the generation runs, at most {MAX_B}")
@@ -334,6 +334,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="results folder")
     args = p.parse_args(argv)
+    pair_names(args)
     for name in ("batch_sizes", "gammas", "step_batches"):
         if min(getattr(args, name)) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must all be >= 1")
@@ -351,7 +352,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if min(args.new_tokens, args.prompt_len, args.context, args.repeats, args.prompts) < 1 or args.warmup < 0:
         raise ValueError("--new-tokens, --prompt-len, --context, --repeats and --prompts must be >= 1, "
                          "--warmup >= 0")
-    n_ctx = min(shape(name).n_ctx for name in (("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)))
+    n_ctx = min(shape(name).n_ctx for name in ((args.target, args.draft)))
     if args.prompt_len + SPREAD + args.new_tokens > n_ctx:
         raise ValueError(f"the longest prompt (--prompt-len {args.prompt_len} + {SPREAD}) and --new-tokens "
                          f"{args.new_tokens} exceed the context window of {n_ctx}: " + which_to_shrink(
@@ -381,7 +382,7 @@ def check_cache_memory(args: argparse.Namespace) -> None:
     cost's cache would."""
     rows = sum(args.batch_sizes) * (1 + len(args.gammas))  # plain + each gamma
     positions = args.prompt_len + SPREAD + args.new_tokens + max(args.gammas) + 1
-    names = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
+    names = (args.target, args.draft)
     check_caches_fit(sum(KVCache.nbytes(shape(name), rows, positions) for name in names),
                      "give fewer or smaller --batch-sizes, fewer --gammas or fewer --new-tokens")
     # The step costs: a cache of the largest step batch at --context, one model at a time.

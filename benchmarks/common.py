@@ -47,6 +47,21 @@ def shape(name: str) -> GPT2Config:
     return {"tiny": TINY_TARGET, "tiny-draft": TINY_DRAFT}.get(name) or preset(name)
 
 
+def pair_names(args: argparse.Namespace, target: str = "gpt2-large", draft: str = "gpt2") -> tuple[str, str]:
+    """Sets and returns (args.target, args.draft): "tiny" and "tiny-draft" with --tiny, else the names given,
+    `target` and `draft` where none was given (the parser's defaults are None). --tiny with --target or --draft
+    is a ValueError: it would ignore them."""
+    given = [f"--{role} {getattr(args, role)}" for role in ("target", "draft") if getattr(args, role) is not None]
+    if args.tiny and given:
+        raise ValueError(f"--tiny builds tiny models of its own: drop {' and '.join(given)}, or drop --tiny")
+    if args.tiny:
+        args.target, args.draft = "tiny", "tiny-draft"
+    else:
+        args.target = target if args.target is None else args.target
+        args.draft = draft if args.draft is None else args.draft
+    return args.target, args.draft
+
+
 @functools.cache
 def binary_tree_mask(k: int) -> torch.Tensor:
     """(k, k) bool ancestor mask of a binary token tree in breadth-first order (node i's parent is (i - 1) // 2):

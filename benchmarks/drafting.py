@@ -39,6 +39,7 @@ from benchmarks.common import (
     markdown_table,
     must,
     noisy_copy,
+    pair_names,
     random_model,
     results_dir,
     run_cli,
@@ -420,8 +421,8 @@ def p_min_table(results: dict) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = ArgumentParser(prog="python -m benchmarks.drafting", description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-    ap.add_argument("--target", default="gpt2-large", help="target shape, random weights (default gpt2-large)")
-    ap.add_argument("--draft", default="gpt2", help="draft shape, random weights (default gpt2)")
+    ap.add_argument("--target", help="target shape, random weights (default gpt2-large)")
+    ap.add_argument("--draft", help="draft shape, random weights (default gpt2)")
     ap.add_argument("--tiny", action="store_true", help="tiny random models instead (a smoke run)")
     ap.add_argument("--alphas", type=float, nargs="*", default=[0.5, 0.6, 0.7, 0.8, 0.9],
                     help="simulated α of the float32 draft (none: skip it)")
@@ -444,6 +445,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/drafting-<UTC time>)")
     args = ap.parse_args(argv)
+    pair_names(args)
     for name in ("max_gen", "repeats", "model_seeds", "ngram", "noisy_prompts", "noisy_seeds"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
@@ -460,7 +462,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     check_range("--seed", args.seed, -MAX_SEED, MAX_SEED)
     check_range("--noise", args.noise, 0, MAX_NOISE, " (the noise's spread over each weight matrix's)")
     if {"simulated", "ngram"} & set(args.parts):  # their methods run in lockstep: plain, each fixed γ, auto, +2/-1
-        names = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
+        names = (args.target, args.draft)
         check_caches_fit((len(set(args.gammas)) + 3) * sum(KVCache.nbytes(shape(n)) for n in names),
                          "give fewer --gammas")
     return args
@@ -484,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_threads(args.threads)
     tokenizer = load_prompt_tokenizer()
-    target_name, draft_name = ("tiny", "tiny-draft") if args.tiny else (args.target, args.draft)
+    target_name, draft_name = (args.target, args.draft)
     check_max_gen(args, tokenizer, target_name, draft_name)
     out_dir = results_dir(args.out, "drafting")
     report = {"command": "python -m benchmarks.drafting " + shlex.join(argv if argv is not None else sys.argv[1:])}

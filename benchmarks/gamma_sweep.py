@@ -28,7 +28,7 @@ from tqdm import tqdm
 from benchmarks import sweep_report
 from benchmarks.common import ArgumentParser, ModelPair, build_pair, check_caches_fit, check_passes_fit, encode_prompts
 from benchmarks.common import MAX_SEED, check_range, environment, load_prompt_tokenizer, results_dir, run_cli
-from benchmarks.common import must, set_threads
+from benchmarks.common import must, pair_names, set_threads
 from benchmarks.lockstep import Method, lockstep, plain_decoding, rotated, stepwise
 from benchmarks.prompts import PROMPTS
 from benchmarks.tree_speed import parse_shape
@@ -388,8 +388,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "Speculative decoding speedup over gamma x max_gen, measured and predicted."))
     models = ap.add_argument_group("models")
     for role, default in (("target", "gpt2-large"), ("draft", "gpt2")):
-        models.add_argument(f"--{role}", default=default,
-                            help=f"Hub id or folder; a preset name with --random-weights (default {default})")
+        models.add_argument(f"--{role}", help=f"Hub id or folder; a preset name with --random-weights (default {default})")
     models.add_argument("--random-weights", action="store_true",
                         help="the presets' real shapes with random weights: no download (acceptance meaningless)")
     models.add_argument("--tiny", action="store_true", help="a 2-layer target and a 1-layer draft, random weights")
@@ -438,6 +437,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, name, value)
     if args.tiny and args.random_weights:
         raise ValueError("--tiny and --random-weights are alternatives: pick one")
+    pair_names(args)
     if not 1 <= args.prompts <= len(PROMPTS):
         raise ValueError(f"--prompts must be between 1 and {len(PROMPTS)}, got {args.prompts}")
     check_range("--seed", args.seed, -MAX_SEED, MAX_SEED)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from benchmarks.common import ArgumentParser
+from benchmarks.common import ArgumentParser, pair_names
 from benchmarks.common import build_pair, encode_prompts, environment, environment_lines, load_prompt_tokenizer
 from benchmarks.common import MAX_SEED, check_range, markdown_table, must, results_dir, run_cli, write_json
 from benchmarks.prompts import EARLY_EOS_PROMPTS, PROMPTS
@@ -362,9 +362,8 @@ def encode_suite(prompts, pair, device: torch.device):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m benchmarks.parity_check", description=__doc__.splitlines()[0])
-    p.add_argument("--target", default="gpt2-large", help="Hub id or folder, a preset name with --random-weights "
-                   "(default gpt2-large)")
-    p.add_argument("--draft", default="gpt2", help="draft model (default gpt2)")
+    p.add_argument("--target", help="Hub id or folder, a preset name with --random-weights (default gpt2-large)")
+    p.add_argument("--draft", help="draft model (default gpt2)")
     p.add_argument("--draft-equals-target", action="store_true", help="the target drafts for itself (bonus tokens)")
     weights = p.add_mutually_exclusive_group()
     weights.add_argument("--random-weights", action="store_true", help="the presets' shapes, random weights")
@@ -381,7 +380,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--out", help="results folder (default benchmarks/results/parity-<time>)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    pair_names(args)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from statistics import median
 
 import torch
 
-from benchmarks.common import ArgumentParser, must
+from benchmarks.common import ArgumentParser, must, pair_names
 from benchmarks.common import environment, environment_lines, markdown_table, random_model, results_dir, run_cli
 from benchmarks.common import check_caches_fit, check_passes_fit, noisy_copy, say, shape, timed
 from benchmarks.common import binary_tree_mask, check_range, write_json
@@ -361,8 +361,8 @@ def report(payload: dict, env: dict, args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m benchmarks.tree_speed", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", default="gpt2-large")
-    parser.add_argument("--draft", default="gpt2")
+    parser.add_argument("--target", help="target shape, random weights (default gpt2-large)")
+    parser.add_argument("--draft", help="draft shape, random weights (default gpt2)")
     parser.add_argument("--draft-quantize", choices=("none", "int8"), default="none",
                         help="int8: the draft's weights in int8 (the float32 target decides the output)")
     parser.add_argument("--tiny", action="store_true", help="tiny random models (a smoke run)")
@@ -388,8 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     check_range("--noisy-prompts", args.noisy_prompts, 1, MAX_NOISY_PROMPTS, " (random prompts, made up front)")
     shapes = {name: parse_shape(name) for name in args.trees}
     chains = range(1, args.max_gamma + 1)
-    if args.tiny:
-        args.target, args.draft = "tiny", "tiny-draft"
+    pair_names(args)
     n_ctx = min(shape(args.target).n_ctx, shape(args.draft).n_ctx, NOISY_TARGET.n_ctx)
     if args.prefix + max(COST_KS) > n_ctx:
         raise ValueError(f"--prefix {args.prefix} and the cost passes of up to {max(COST_KS)} tokens exceed the "

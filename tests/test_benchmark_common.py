@@ -1,16 +1,19 @@
 """benchmarks/common.py's helpers that no benchmark's own tests pin down: the commit in every result's header,
-where a verification pass stops fitting the context window, the noise of a noisy draft, and which vocabulary
-the benchmark prompts are encoded with."""
+where a verification pass stops fitting the context window, the noise of a noisy draft, which vocabulary
+the benchmark prompts are encoded with, and the model names of --tiny and of the default pair."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import shutil
 import subprocess
 
 import pytest
 import torch
 
-from benchmarks.common import check_passes_fit, git_commit, load_prompt_tokenizer, noisy_copy, random_model
+from benchmarks.common import check_passes_fit, git_commit, load_prompt_tokenizer, noisy_copy, pair_names
+from benchmarks.common import random_model, run_cli
 from helpers import REPO_ROOT, TINY
 
 
@@ -74,3 +77,19 @@ def test_the_benchmark_prompts_use_the_model_folders_own_vocabulary(tmp_path, gp
     (folder / "vocab.json").write_text("{}", encoding="utf-8")
     with pytest.raises(ValueError, match="vocab.json"):
         load_prompt_tokenizer(folder)
+
+
+@pytest.mark.parametrize("module", ["batch_speed", "drafting", "gamma_sweep", "parity_check", "tree_speed"])
+def test_tiny_refuses_the_model_names_it_would_ignore(module, tmp_path, capsys):
+    main = importlib.import_module(f"benchmarks.{module}").main
+    assert run_cli(main, ["--tiny", "--draft", "gpt2-medium", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --tiny builds tiny models of its own: drop --draft gpt2-medium, or drop --tiny\n", err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_pair_is_the_names_given_else_gpt2_large_drafted_by_gpt2_and_tiny_its_own():
+    args = argparse.Namespace(tiny=False, target=None, draft="distilgpt2")
+    assert pair_names(args) == ("gpt2-large", "distilgpt2") == (args.target, args.draft)
+    assert pair_names(argparse.Namespace(tiny=False, target="gpt2", draft=None)) == ("gpt2", "gpt2")
+    assert pair_names(argparse.Namespace(tiny=True, target=None, draft=None)) == ("tiny", "tiny-draft")
