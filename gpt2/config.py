@@ -1,10 +1,11 @@
 """GPT-2 hyperparameters (Radford et al. 2019, "Language Models are Unsupervised
 Multitask Learners", Table 2) as one frozen dataclass.
 
-The field names follow nanoGPT; `from_hf_config` reads the `config.json` that
-ships beside every Hugging Face GPT-2 checkpoint, and refuses the settings
-that would make a checkpoint compute something this model does not
-(`GPT2_SETTINGS`).
+The field names follow GPT-2's own hyperparameters (n_ctx, which nanoGPT
+calls block_size) and Hugging Face's (layer_norm_epsilon); `from_hf_config`
+reads the `config.json` that ships beside every Hugging Face GPT-2
+checkpoint, and refuses the settings that would make a checkpoint compute
+something this model does not (`GPT2_SETTINGS`).
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def check_gpt2_settings(raw: dict, config: GPT2Config, path: Path) -> None:
 # The published checkpoints' shapes: handy for benchmarks with random weights.
 PRESETS: dict[str, GPT2Config] = {
     "gpt2": GPT2Config(n_layer=12, n_head=12, n_embd=768),  # 124M
-    "gpt2-medium": GPT2Config(n_layer=24, n_head=16, n_embd=1024),  # 350M
+    "gpt2-medium": GPT2Config(n_layer=24, n_head=16, n_embd=1024),  # 355M
     "gpt2-large": GPT2Config(n_layer=36, n_head=20, n_embd=1280),  # 774M
     "gpt2-xl": GPT2Config(n_layer=48, n_head=25, n_embd=1600),  # 1558M
     "distilgpt2": GPT2Config(n_layer=6, n_head=12, n_embd=768),  # 82M

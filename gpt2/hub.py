@@ -64,7 +64,8 @@ def local_folder_for(repo_id: str, weights_dir: str | Path | None = None) -> Pat
 def download(repo_id: str, weights_dir: str | Path | None = None) -> Path:
     """Fetches config.json, model.safetensors, vocab.json and merges.txt of a
     Hub repo into `local_folder_for(repo_id)`, unless config.json and
-    model.safetensors are already there. A repo without vocab.json/merges.txt
+    model.safetensors are already there with both tokenizer files or neither
+    (one alone was deleted: fetched again). A repo without vocab.json/merges.txt
     is fine (the tokenizer falls back to tiktoken's). Returns the folder.
 
     Says on stderr what it fetches; huggingface_hub draws a progress bar per
@@ -272,9 +273,10 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
     """The local folder for `source`: itself if it is a model folder, else the
     download folder of the Hub repo it names (downloading if needed).
 
-    A path written as one (a Path, or a str starting with /, . or ~) is never
-    taken for a repo id, nor is an owner/name that is a folder here; a bare
-    name such as "gpt2" is a repo id unless it is a folder holding config.json.
+    A path written as one (a Path, a str starting with /, . or ~, or one with
+    two or more /) is never taken for a repo id, nor is an owner/name that is
+    a folder here; a bare name such as "gpt2" is a repo id unless it is a
+    folder holding config.json.
 
     Raises:
         ValueError: `source` is empty, neither a model folder nor a valid Hub

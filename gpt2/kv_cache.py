@@ -7,7 +7,7 @@ Keys and values of every layer live in two buffers allocated once,
 (L, B, nh, S, hs). Row b holds `lengths[b]` positions, [0, lengths[b]); a
 forward pass writes its T new positions at [lengths[b], lengths[b] + T) and
 then moves the length on. Rewinding is setting a length back: the slots past
-it are never read again and the next write overwrites them. That is what makes
+it are never attended to again (masked) and the next write overwrites them. That is what makes
 rejecting drafted tokens free in speculative decoding (the idea as in
 gpt-fast). Rows may have different lengths (a batch of prompts of different
 lengths, each accepting its own number of drafted tokens); attention masks the

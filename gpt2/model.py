@@ -163,7 +163,7 @@ class GPT2(nn.Module):
             that follows input_ids[:, t].
 
         Raises:
-            ValueError: input_ids not (B, T >= 1) integer ids or on another
+            ValueError: input_ids not (B, T >= 1) int64 or int32 ids or on another
                 device, a cache of another batch size, dtype or device or
                 another model's, a cache while autograd records (a cached
                 pass is for inference: use torch.no_grad()), a mask of
@@ -258,8 +258,10 @@ def check_pass(model: GPT2, input_ids: torch.Tensor, cache: KVCache | None, mask
 
 
 def init_random_weights(model: GPT2, *, std: float = 0.02, generator: torch.Generator | None = None) -> GPT2:
-    """Fills `model` with random weights as GPT-2 was initialised: N(0, std)
-    for embeddings and linear weights, zero biases, unit LayerNorms.
+    """Fills `model` with random weights much as GPT-2 was initialised:
+    N(0, std) for embeddings and every linear weight (GPT-2 also scales its
+    residual projections' std by 1/sqrt(2 n_layer); not done here), zero
+    biases, unit LayerNorms.
 
     For tests and benchmarks that need a model of a real shape without a
     download. Returns the model.

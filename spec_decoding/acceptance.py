@@ -11,8 +11,8 @@ Nothing here calls a model or touches a cache: each function takes the target's
 scores at the K + 1 verified positions, the K drafted tokens (and, for
 sampling, the draft's distributions and the randomness) and returns a
 `Verdict`. Row i (i = 0..K) of the target's scores is its prediction for
-drafted token i + 1, given the prefix and drafted tokens 1..i; row K predicts
-the token after the whole draft (the "bonus" token).
+drafted token i (counting from 0), given the prefix and the drafted tokens
+before it; row K predicts the token after the whole draft (the "bonus" token).
 """
 
 from __future__ import annotations

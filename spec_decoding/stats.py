@@ -102,7 +102,8 @@ class SpecStats:
         drafted: drafted tokens, summed over steps.
         accepted: drafted tokens accepted and emitted.
         target_tokens: tokens the target chose itself (corrections and bonus
-            tokens), one per step unless the step ended at end-of-text.
+            tokens), one per step unless the step ended at an accepted
+            end-of-text draft.
         accepted_hist: accepted_hist[n] = steps that accepted exactly n drafted
             tokens, n = 0..gamma.
         gamma_hist: gamma_hist[K] = steps that asked the drafter for K tokens,
@@ -209,7 +210,7 @@ class SpecStats:
     @property
     def accepted_per_drafted(self) -> float:
         """accepted / drafted: the share of the draft's work that was kept
-        (below α whenever γ > 1 and rejections happen)."""
+        (at most α: below it when drafts after a rejection go unjudged)."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
