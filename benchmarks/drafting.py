@@ -6,8 +6,9 @@ Three --parts: simulated acceptance on the gpt2 -> gpt2-large shapes
 (`part_simulated`), prompt lookup on repetitive text (`part_ngram`), and a small
 pair with a real acceptance process (`part_noisy`). In each repeat plain
 decoding and every method run in lockstep (benchmarks/lockstep.py); a speedup
-is the median over repeats of plain seconds over the method's. Every run emits
-exactly --max-gen tokens and must reproduce plain greedy decoding. Writes
+is the median over repeats of plain seconds over the method's. Every timed
+run emits exactly --max-gen tokens and must reproduce plain greedy decoding
+(the noisy part also counts sampled runs, untimed). Writes
 drafting.md (the tables) and drafting.json (every run) to --out.
 
     python -m benchmarks.drafting                              # everything, modest settings
@@ -285,7 +286,7 @@ def simulated_table(results: dict) -> str:
         best_modelled = max((name for name in modelled if name.startswith("fixed")), key=modelled.get)
         rows.append([
             case["draft"], f"{case['alpha']:g}", f"{statistics.median(runs['plain']['seconds']):.2f}",
-            f"{auto['speedup']:.2f}x", gamma_summary(auto), f"{auto['alpha']:.2f}",
+            f"{auto['speedup']:.2f}x", gamma_summary(auto), alpha_cell(auto["alpha"], auto["judged"]),
             f"{best.removeprefix('fixed ')}", f"{fixed[best]:.2f}x", f"{auto['speedup'] / fixed[best]:.3f}",
             "n/a" if held_out is None else f"{auto['speedup'] / held_out:.3f}", f"{heuristic['speedup']:.2f}x",
             f"{modelled['auto'] / modelled[best_modelled]:.3f} (best {best_modelled.removeprefix('fixed ')})",
@@ -329,7 +330,8 @@ def ngram_table(results: list[dict]) -> str:
                 continue
             s = r["stats"]
             no_match = s["plain_steps"] - s["gamma_hist"][0]
-            rows.append([case["label"], name, f"{s['tokens_per_target_call']:.2f}", f"{s['alpha']:.2f}",
+            rows.append([case["label"], name, f"{s['tokens_per_target_call']:.2f}",
+                         alpha_cell(s["alpha"], s["drafted"]),  # a step that drafts judges its first draft
                          f"{no_match}/{s['target_calls']}", f"{r['speedup']:.2f}x"])
     return markdown_table(["target", "drafter", "tokens / target call", "α", "steps with no match", "speedup"],
                           rows)
@@ -406,11 +408,16 @@ def part_noisy(args, tokenizer) -> dict:
     return out
 
 
-def p_min_table(results: dict) -> str:
+def alpha_cell(alpha: float, judged: int) -> str:
+    """α to two digits, or "-" where no draft was judged: α is undefined there, not 0."""
+    return f"{alpha:.2f}" if judged else "-"
+
+
+def p_min_table(results: dict, heading: str) -> str:
     rows = [[key, str(r["drafted"]), str(r["accepted"]), str(r["wasted"]), str(r["draft_calls"]),
-             f"{r['alpha']:.2f}", f"{r['tokens_per_target_call']:.3f}"] for key, r in results.items()]
-    return markdown_table(["setting, schedule, p_min", "drafted", "accepted", "wasted", "draft passes", "α",
-                           "tokens / target call"], rows)
+             alpha_cell(r["alpha"], r["judged"]), f"{r['tokens_per_target_call']:.3f}"] for key, r in results.items()]
+    return markdown_table([heading, "drafted", "accepted", "wasted", "draft passes", "α", "tokens / target call"],
+                          rows)
 
 
 # ---------------------------------------------------------------------------
@@ -533,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["## Prompt lookup on a repetitive prompt", "", ngram_table(cases), ""]
     if "noisy" in args.parts:
         lines += [f"## The noisy pair ({NOISY_CONFIG}, draft noise {args.noise})", "", "### p_min", "",
-                  p_min_table(noisy["p_min"]), "", "### int8 draft (fixed γ 4)", "", p_min_table(noisy["int8"]), "",
+                  p_min_table(noisy["p_min"], "setting, schedule, p_min"), "", "### int8 draft (fixed γ 4)", "",
+                  p_min_table(noisy["int8"], "setting, draft"), "",
                   f"t_d float32 {noisy['t_draft']['float32'] * 1e3:.3f} ms, int8 {noisy['t_draft']['int8'] * 1e3:.3f} "
                   f"ms, target step {noisy['t_draft']['t_target'] * 1e3:.3f} ms", ""]
     write_json(out_dir / "drafting.json", report)

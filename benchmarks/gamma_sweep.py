@@ -388,7 +388,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "Speculative decoding speedup over gamma x max_gen, measured and predicted."))
     models = ap.add_argument_group("models")
     for role, default in (("target", "gpt2-large"), ("draft", "gpt2")):
-        models.add_argument(f"--{role}", help=f"Hub id or folder; a preset name with --random-weights (default {default})")
+        models.add_argument(f"--{role}",
+                            help=f"Hub id or folder; a preset name with --random-weights (default {default})")
     models.add_argument("--random-weights", action="store_true",
                         help="the presets' real shapes with random weights: no download (acceptance meaningless)")
     models.add_argument("--tiny", action="store_true", help="a 2-layer target and a 1-layer draft, random weights")

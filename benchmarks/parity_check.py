@@ -397,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = results_dir(args.out, "parity", create=False)  # made once the work is done: a failure leaves none
 
-    reports, models, path, encoded, tokenizer, tokenizer_note = [], None, None, None, None, None
+    reports, models, encoded, tokenizer, tokenizer_note = [], None, None, None, None
+    paths = {}  # dtype name -> the forward pass its target runs (float32 may take the fast path, the others not)
     for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
         reason = dtype_unsupported_reason(dtype, device)
@@ -408,14 +409,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}] building the models ...", file=sys.stderr, flush=True)
         pair = build_pair(args.target, args.draft, weights=weights, draft_equals_target=args.draft_equals_target,
                           device=device, dtype=dtype, seed=args.seed, accelerate=not args.readable)
-        if encoded is None:  # the first dtype that runs: its path is the one reported (float32's by default)
+        if encoded is None:  # the first dtype that runs
             encoded, tokenizer, tokenizer_note = encode_suite(suite, pair, device)
-            models, path = {"target": pair.target_name, "draft": pair.draft_name}, fast.status(pair.target)
+            models = {"target": pair.target_name, "draft": pair.draft_name}
+        paths[name] = fast.status(pair.target)
         reports.append(check_parity(pair.target, pair.draft, encoded, settings, tokenizer, progress=True))
         del pair  # frees this dtype's models before the next are built
 
-    env = environment(device, dtypes[0], models or {"target": args.target, "draft": args.draft},
-                      path or "no dtype ran")
+    path = (next(iter(paths.values())) if len(set(paths.values())) == 1
+            else "; ".join(f"{name}: {p}" for name, p in paths.items()) or "no dtype ran")
+    env = environment(device, dtypes[0], models or {"target": args.target, "draft": args.draft}, path)
     env["dtype"] = ", ".join(r.dtype + (" (skipped)" if r.skipped else "") for r in reports)
     settings_dict = {**asdict(settings), "weights": weights, "draft_equals_target": args.draft_equals_target,
                      "readable": args.readable, "prompts": [name for name, _ in suite],

@@ -292,7 +292,7 @@ def noisy_pair(configs: dict[str, dict], costs: dict, args: argparse.Namespace) 
                 accepted, judged = accepted + stats.accepted, judged + stats.judged
             tokens_per_call = new / calls
             result[(temperature, name)] = {
-                "tokens_per_call": tokens_per_call, "alpha": accepted / judged if judged else 0.0,
+                "tokens_per_call": tokens_per_call, "alpha": accepted / judged if judged else None,  # undefined
                 "predicted_at_large_costs": tokens_per_call / config["cost"],
             }
         say(f"  noisy pair: temperature {temperature} done")
@@ -314,7 +314,7 @@ def report(payload: dict, env: dict, args: argparse.Namespace) -> str:
     draft = args.draft + (" (int8 weights)" if args.draft_quantize == "int8" else "")
     lines += [f"- target {args.target}, draft {draft}, random weights; prompt {args.prefix} tokens, "
               f"{args.new_tokens} new tokens; medians of {args.repeats} repeats, each running plain decoding and "
-              f"every measured config in lockstep; t_t = one target step ({costs['t_t_s'] * 1e3:.0f} ms)", "",
+              f"every measured config in lockstep; t_t = one target step ({costs['t_t_s'] * 1e3:.1f} ms)", "",
               "## Costs relative to one target step", ""]
     rows = [[str(k), fmt(costs["r"].get(k)), fmt(costs["r_tree"].get(k))] for k in sorted(costs["r"])]
     lines += [markdown_table(["k", "r_k = t_v(k) / t_t", "r_k, tree mask"], rows), ""]

@@ -91,7 +91,7 @@ def test_the_expected_table_shows_how_often_a_run_like_this_one_puts_auto_below_
 
 def test_the_simulated_table_divides_each_speedup_by_the_best_fixed_gammas():
     def run(speedup, modelled, ratios=(1.0, 1.0)):
-        return {"speedup": speedup, "modelled": modelled, "ratios": list(ratios), "alpha": 0.75,
+        return {"speedup": speedup, "modelled": modelled, "ratios": list(ratios), "alpha": 0.75, "judged": 4,
                 "gamma_hist": [0, 3, 2]}
 
     runs = {"plain": {"seconds": [2.0, 4.0]}, "fixed 1": run(1.5, [1.2, 1.4], (1.4, 1.6)),
@@ -102,6 +102,9 @@ def test_the_simulated_table_divides_each_speedup_by_the_best_fixed_gammas():
     # (fixed 1 in each repeat: 1.4, 1.6) 1.8 / 1.5; cost model: best fixed γ 2 (1.6), auto 2.0 / 1.6, +2/-1 0.8 / 1.6
     assert row == ("| float32 | 0.8 | 3.00 | 1.80x | 1:3 2:2 | 0.75 | 1 | 1.50x | 1.200 | 1.200 | 1.00x | "
                    "1.250 (best 2) | 0.500 |")
+    runs["auto"] |= {"alpha": 0.0, "judged": 0, "gamma_hist": [5, 0, 0]}  # plain steps only: α is undefined, not 0
+    row = drafting.simulated_table({"case": {"draft": "float32", "alpha": 0.8, "runs": runs}}).splitlines()[-1]
+    assert row.startswith("| float32 | 0.8 | 3.00 | 1.80x | 0:5 | - | 1 | 1.50x |"), row
 
 
 def test_counted_runs_sum_every_prompt_and_seed():

@@ -273,6 +273,15 @@ def test_cli_writes_the_report_and_passes(tmp_path):
     assert "Neither path produced a token after end-of-text, in any prompt or dtype." in report
 
 
+def test_the_report_names_the_forward_pass_of_each_dtype(tmp_path, fast_kernels):
+    assert main(["--tiny", "--dtypes", "float32,bfloat16", "--prompts", "1", "--max-gen", "2",
+                 "--out", str(tmp_path)]) == 0
+    path = json.loads((tmp_path / "parity.json").read_text())["environment"]["path"]
+    float32, bfloat16 = path.split("; bfloat16: ")  # the float32 kernels; bfloat16 cannot take them
+    assert float32.startswith("float32: fast path:") and bfloat16.startswith("readable path"), path
+    assert f"- forward pass: {path}" in (tmp_path / "parity.md").read_text()
+
+
 @pytest.mark.parametrize("stdout", ["closed early", "cp1252"])
 def test_a_reader_that_stops_early_or_cannot_encode_the_report_is_no_bug_and_no_traceback(tmp_path, stdout):
     # `| head -1` closes the pipe before the report comes: not exit code 1, which says a BUG was found.
