@@ -352,7 +352,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if min(args.new_tokens, args.prompt_len, args.context, args.repeats, args.prompts) < 1 or args.warmup < 0:
         raise ValueError("--new-tokens, --prompt-len, --context, --repeats and --prompts must be >= 1, "
                          "--warmup >= 0")
-    n_ctx = min(shape(name).n_ctx for name in ((args.target, args.draft)))
+    n_ctx = min(shape(name).n_ctx for name in (args.target, args.draft))
     if args.prompt_len + SPREAD + args.new_tokens > n_ctx:
         raise ValueError(f"the longest prompt (--prompt-len {args.prompt_len} + {SPREAD}) and --new-tokens "
                          f"{args.new_tokens} exceed the context window of {n_ctx}: " + which_to_shrink(

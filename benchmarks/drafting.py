@@ -469,8 +469,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     check_range("--seed", args.seed, -MAX_SEED, MAX_SEED)
     check_range("--noise", args.noise, 0, MAX_NOISE, " (the noise's spread over each weight matrix's)")
     if {"simulated", "ngram"} & set(args.parts):  # their methods run in lockstep: plain, each fixed γ, auto, +2/-1
-        names = (args.target, args.draft)
-        check_caches_fit((len(set(args.gammas)) + 3) * sum(KVCache.nbytes(shape(n)) for n in names),
+        check_caches_fit((len(set(args.gammas)) + 3) * sum(KVCache.nbytes(shape(n)) for n in (args.target, args.draft)),
                          "give fewer --gammas")
     return args
 
@@ -493,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_threads(args.threads)
     tokenizer = load_prompt_tokenizer()
-    target_name, draft_name = (args.target, args.draft)
+    target_name, draft_name = args.target, args.draft
     check_max_gen(args, tokenizer, target_name, draft_name)
     out_dir = results_dir(args.out, "drafting")
     report = {"command": "python -m benchmarks.drafting " + shlex.join(argv if argv is not None else sys.argv[1:])}
