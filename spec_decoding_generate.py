@@ -12,7 +12,8 @@ alone, --tree drafts a token tree, --prompts-file decodes prompts in batches;
 the options and their checks are in cli/arguments.py. stdout carries the text
 and the stats (--json: one JSON object per prompt), stderr the rest. Exit
 codes: 0 done, 2 bad input (one line "error: ..."), 130 Ctrl-C (the text and
-stats so far still printed), 1 an unexpected failure (--debug: its traceback).
+stats so far still printed), 1 an unexpected failure; --debug prints the
+traceback before the error line, with the same exit code.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 
 from cli.arguments import (
     DEFAULT_NGRAM,
@@ -704,15 +706,17 @@ def run_command(argv: list[str] | None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_UNEXPECTED
     except (ValueError, OSError) as e:  # the product's user errors say how to fix them
-        if args is not None and args.debug:
-            raise
+        debug = args is not None and args.debug
+        if debug:
+            traceback.print_exc()
         print(f"error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as e:
-        if args is not None and args.debug:
-            raise
-        message = f"unexpected {type(e).__name__}: {one_line(e)} (run with --debug for the traceback)"
-        print(f"error: {message}", file=sys.stderr)
+        debug = args is not None and args.debug
+        if debug:
+            traceback.print_exc()
+        hint = "" if debug else " (run with --debug for the traceback)"
+        print(f"error: unexpected {type(e).__name__}: {one_line(e)}{hint}", file=sys.stderr)
         return EXIT_UNEXPECTED
 
 

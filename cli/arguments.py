@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         "comparison) instead of the streamed text",
     )
     parser.add_argument("--no-color", action="store_true", help="no colours, even on a terminal")
-    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error (before its one line; the exit code stays the same)")
     return parser
 
 

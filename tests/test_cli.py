@@ -1108,6 +1108,27 @@ def test_main_leaves_stderr_as_it_found_it(capsys):
     assert copy.copy(Unfailing(before)).stream is before
 
 
+def test_debug_adds_the_traceback_and_keeps_the_exit_code(capsys, monkeypatch, folders):
+    result = run_main(capsys, "--debug", "--max-gen", "0")  # bad input: exit 2 with or without --debug
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert result.stderr.startswith("Traceback (most recent call last):")
+    assert result.stderr.endswith("\nValueError: --max-gen must be an integer >= 1, got 0\n"
+                                  "error: --max-gen must be an integer >= 1, got 0\n"), result.stderr
+
+    import spec_decoding
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(spec_decoding, "speculative_generate", broken)
+    for debug in ([], ["--debug"]):  # an unexpected failure: exit 1, the hint only without --debug
+        result = run_main(capsys, *debug, *local_models(folders), "--max-gen", "2")
+        assert result.returncode == 1, result.stderr
+        assert ("Traceback" in result.stderr) == bool(debug), result.stderr
+        assert result.stderr.endswith("error: unexpected KeyError: 'a bug'"
+                                      + ("\n" if debug else " (run with --debug for the traceback)\n"))
+
+
 def test_with_stdout_closed_it_stops_before_any_work(tmp_path, folders):
     # sys.stdout is None then: the run loaded both models and ended in "unexpected AttributeError" from isatty.
     command = shlex.join([sys.executable, str(SCRIPT), *ON_CPU, *local_models(folders)]) + " >&-"
