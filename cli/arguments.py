@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts-file", default=None, metavar="FILE",
         help="decode every prompt of FILE instead of --prompt: one prompt per line, or JSON Lines with a "
         '"prompt" field on each line ({"prompt": "..."}); --batch-size of them at a time, printed as one block '
-        "per prompt in input order (with --json, one JSON object per prompt, one per line)",
+        "per prompt in input order (with --json, one JSON object per prompt, one per line); a draft model's "
+        "chain of a fixed --gamma, so not with --draft ngram, --draft-p-min, a named --gamma, a tree or --compare",
     )
     parser.add_argument(
         "--batch-size", type=int, default=None,
@@ -99,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the depth of a dynamic token tree; needs --tree-nodes")
     parser.add_argument(
         "--show-tree", action="store_true",
-        help="draw each step's tree on stderr, the accepted path marked with a tick (a chain is drawn as a tree "
-        "with one child per node); --debug draws a tree's steps too",
+        help="draw each step's tree on stderr, the accepted path marked with a tick (a draft model's chain of a "
+        "fixed --gamma is drawn as a tree with one child per node); --debug draws a tree's steps too",
     )
     parser.add_argument("--max-gen", type=int, default=100, help="the most new tokens to generate, >= 1 (default: 100)")
     parser.add_argument(
@@ -239,8 +240,9 @@ def check_drafter(args: argparse.Namespace) -> None:
     Raises:
         ValueError: --ngram below 1 or without --draft ngram; --draft-p-min
             outside [0, 1]; --draft-p-min or --draft-quantize with --draft
-            ngram, which has no model; prompt lookup or a named --gamma with
-            a token tree or --prompts-file (they decode one chain).
+            ngram, which has no model; prompt lookup, --draft-p-min or a
+            named --gamma with a token tree, --show-tree or --prompts-file
+            (they decode one chain, which --show-tree cannot draw).
     """
     from gpt2.generate import check_integer
 
@@ -255,13 +257,17 @@ def check_drafter(args: argparse.Namespace) -> None:
         for flag, value in (("--draft-p-min", args.draft_p_min), ("--draft-quantize", args.draft_quantize)):
             if value is not None:
                 raise ValueError(f"{flag} is for a draft model; --draft {NGRAM_DRAFT} has none: leave out {flag}")
-    tree = args.tree is not None or args.tree_nodes is not None or args.show_tree
+    drafts_tree = args.tree is not None or args.tree_nodes is not None
     chain_only = [f"--gamma {args.gamma}"] if isinstance(args.gamma, str) else []
     chain_only += [f"--draft {NGRAM_DRAFT}"] if args.draft == NGRAM_DRAFT else []
     chain_only += ["--draft-p-min"] if args.draft_p_min is not None else []
     for option in chain_only:
-        if tree:
-            raise ValueError(f"{option} drafts a chain, one sequence: leave out --tree, --tree-nodes and --show-tree")
+        if drafts_tree:
+            tree_flags = "--tree, --tree-nodes and --show-tree" if args.show_tree else "--tree and --tree-nodes"
+            raise ValueError(f"{option} drafts a chain, one sequence: leave out {tree_flags}")
+        if args.show_tree:
+            raise ValueError(f"--show-tree draws only a draft model's chain of a fixed --gamma, or a token tree: "
+                             f"leave out {option} or --show-tree")
         if args.prompts_file is not None:
             raise ValueError(f"{option} works with one --prompt, not with --prompts-file")
 
