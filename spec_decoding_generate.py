@@ -12,8 +12,7 @@ alone, --tree drafts a token tree, --prompts-file decodes prompts in batches;
 the options and their checks are in cli/arguments.py. stdout carries the text
 and the stats (--json: one JSON object per prompt), stderr the rest. Exit
 codes: 0 done, 2 bad input (one line "error: ..."), 130 Ctrl-C (the text and
-stats so far still printed), 1 an unexpected failure; --debug prints the
-traceback before the error line, with the same exit code.
+stats so far still printed), 1 an unexpected failure; --debug adds tracebacks.
 """
 
 from __future__ import annotations
@@ -559,8 +558,9 @@ def compare_with_target_alone(
     verifying). For a fixed γ drafted by a model, the tokens are eq. 1's at the
     run's α for the K each step asked (`expected_tokens`): Leviathan et al.
     Theorem 3.8 with the verification at its measured cost, exactly, when
-    every step drafted γ. For a tree, a schedule, p_min or prompt lookup (no
-    closed form in α) they are the run's measured tokens per call. t_t comes
+    every step drafted γ. For a tree (a --show-tree chain too), a schedule,
+    p_min, prompt lookup (no closed form in α) or a run whose last step
+    end-of-text cut short, they are the run's measured tokens per call. t_t comes
     from `target_steps`, plain target steps timed right before the speculative
     run on the prompt's cache and right after it on the whole text's, not from
     the baseline: when the load changed, prediction and measurement disagree.

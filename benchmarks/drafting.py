@@ -3,12 +3,11 @@ fixed γ and Hugging Face's +2/-1 heuristic, a draft-only int8 draft, prompt
 lookup (`NgramDrafter`) and llama.cpp's p_min early stop.
 
 Three --parts: simulated acceptance on the gpt2 -> gpt2-large shapes
-(`part_simulated`), prompt lookup on repetitive text (`part_ngram`), and a small
-pair with a real acceptance process (`part_noisy`). In each repeat plain
-decoding and every method run in lockstep (benchmarks/lockstep.py); a speedup
-is the median over repeats of plain seconds over the method's. Every timed
-run emits exactly --max-gen tokens and must reproduce plain greedy decoding
-(the noisy part also counts sampled runs, untimed). Writes
+(`part_simulated`), prompt lookup on repetitive text (`part_ngram`), and a small pair
+with a real acceptance process (`part_noisy`, which also counts sampled runs, untimed).
+In each repeat plain decoding and every method run in lockstep (benchmarks/lockstep.py);
+a speedup is the median over repeats of plain seconds over the method's. Every timed
+run emits exactly --max-gen tokens and must reproduce plain greedy decoding. Writes
 drafting.md (the tables) and drafting.json (every run) to --out.
 
     python -m benchmarks.drafting                              # everything, modest settings

@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
         "comparison) instead of the streamed text",
     )
     parser.add_argument("--no-color", action="store_true", help="no colours, even on a terminal")
-    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error (before its one line; the exit code stays the same)")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (before its one line; the exit code stays the same)")
     return parser
 
 
@@ -191,7 +192,9 @@ def check_settings(args: argparse.Namespace):
 
     Raises:
         ValueError: a bad --gamma, --max-gen, --temperature, --top-k, --top-p,
-            or drafter option (`check_drafter`).
+            --batch-size (or one without --prompts-file), drafter option
+            (`check_drafter`), an empty --weights-dir, or --prompts-file with
+            --prompt or --compare.
     """
     from gpt2.generate import check_integer
     from gpt2.sampling import SamplingConfig
@@ -339,8 +342,8 @@ def from_command_line(text: str) -> str:
 
 def read_prompt(args: argparse.Namespace) -> str:
     """The prompt text: --prompt (by default GPT-2's unicorn prompt), or stdin
-    for '-'. Raises ValueError if empty, not UTF-8 text, over
-    MAX_PROMPT_BYTES or unreadable."""
+    for '-'. Raises ValueError if empty, not UTF-8 text or unreadable, or
+    (from stdin) over MAX_PROMPT_BYTES."""
     if args.prompt is None:
         return DEFAULT_PROMPT
     if args.prompt != "-":
@@ -378,7 +381,8 @@ def read_prompt(args: argparse.Namespace) -> str:
 def read_prompts_file(path: str) -> list[tuple[int, str]]:
     """The prompts of --prompts-file, each with its line number (from 1).
 
-    One prompt per line; or, if the first line starts with "{", JSON Lines:
+    One prompt per line; or, if the first line starts with "{" (after any
+    leading whitespace), JSON Lines:
     every line a JSON object with a "prompt" string.
 
     A pipe counts as a file (`--prompts-file <(grep ... prompts.txt)`).

@@ -282,7 +282,8 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
 
 def chi_square_quantile_0999(df: int) -> float:
     """Wilson-Hilferty: (chi2_df / df)^(1/3) is close to normal with mean
-    1 - 2/(9 df) and variance 2/(9 df). No scipy needed; within 0.3% of the
-    exact quantile for the 26-235 degrees of freedom the lossless tests see."""
+    1 - 2/(9 df) and variance 2/(9 df). No scipy needed; above the exact
+    quantile by 1.7% at 3 degrees of freedom, under 1% from 7 on and under
+    0.3% from 26 on (the lossless tests see 3 to 282)."""
     h = 2.0 / (9.0 * df)
     return df * (1.0 - h + Z_0999 * math.sqrt(h)) ** 3

@@ -3,9 +3,10 @@
 The method of test_lossless.py: on a GPT-2 with an 8-token vocabulary, the
 exact distribution of the first 3 generated tokens is compared by Pearson's
 chi-square test (0.999 quantile) with that of `speculative_generate` over
-10^4 seeded runs, for: `gamma=AutoGamma(...)` with a short window, one
-schedule for all runs, so that K moves between 0 and 4 within and across
-runs, with a drafter whose `p_min` sometimes stops before K; `NgramDrafter`,
+10^4 seeded runs (the int8 draft: 5,000), for: `gamma=AutoGamma(...)` with a
+short window, one schedule for all runs, so that its choice moves between 0
+and 4 within and across runs (at most 2 drafts fit the 3 tokens compared),
+with a drafter whose `p_min` sometimes stops before K; `NgramDrafter`,
 whose proposals are point masses, on a prompt where the first step copies two
 tokens and later steps often find no match (plain target steps); an int8
 draft against the float32 target. Each check is shown to fail for a wrong

@@ -131,12 +131,17 @@ def test_load_model_quantises_when_asked(tmp_path):
     plain, int8 = load_model(folder), load_model(folder, quantize="int8")
     for a, b in zip(matrix_weights(plain).values(), matrix_weights(int8).values()):
         assert torch.equal(b, dequantize_rows(*quantize_rows_int8(a)))
-    if int8.accelerator is not None:
-        assert int8.accelerator.int8 and int8.accelerator.packed["wte.weight"].data.dtype == torch.int8
     readable = load_model(folder, quantize="int8", accelerate=False)  # quantised, on the readable path
     assert readable.accelerator is None and torch.equal(readable.wte.weight, int8.wte.weight)
     with pytest.raises(ValueError, match="unknown quantisation"):
         load_model(folder, quantize="fp8")
+
+
+def test_load_model_int8_on_the_fast_path_packs_the_weights_as_int8(tmp_path, fast_kernels):
+    folder = write_checkpoint(tmp_path / "tiny", TINY, hub_state_dict(make_hf_model(TINY, seed=21)))
+    int8 = load_model(folder, quantize="int8")
+    assert int8.accelerator is not None and int8.accelerator.int8, fast.status(int8)
+    assert int8.accelerator.packed["wte.weight"].data.dtype == torch.int8
 
 
 # ---------------------------------------------------------------------------

@@ -41,7 +41,7 @@ PROMPT = [[3]]
 N_TOKENS = 3  # the first step drafts depth 2 and may emit all 3
 
 TEMPERATURE_1 = SamplingConfig(temperature=1.0)
-# name: (tree, sampling, runs, the first step's accepted sibling ranks that must each be seen in >= 1% of runs).
+# name: (tree, sampling, runs, the first step's accepted sibling ranks that must each be seen in >= 0.3% of runs).
 # One case at 10^4 runs, the others fewer (a run takes ~3 ms).
 CASES = {
     "2,2 at temperature 1": (

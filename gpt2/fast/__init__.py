@@ -37,8 +37,9 @@ __all__ = ["READABLE_ENV", "accelerate", "status"]
 
 def accelerate(model: GPT2, *, int8: bool = False, adapt_threads: bool = True) -> GPT2:
     """Puts the C forward pass at `model`'s seam, where it can run: an x86-64
-    CPU with AVX2, a C compiler, a CPU float32 model and GPT2_PLAIN_LINEAR
-    unset. Elsewhere the model keeps its readable path (`status` says why) and
+    CPU with AVX2 and FMA, not Windows, a C compiler, a CPU float32 model whose
+    n_embd and head size are multiples of 8, and GPT2_PLAIN_LINEAR not set to
+    1. Elsewhere the model keeps its readable path (`status` says why) and
     nothing is compiled.
 
     Args:
@@ -56,9 +57,9 @@ def accelerate(model: GPT2, *, int8: bool = False, adapt_threads: bool = True) -
     whenever a parameter changes as PyTorch counts changes: in-place ops on
     the parameter (under `torch.no_grad()`), `load_state_dict`, or `p.data =
     new`; and all of them after a step of an optimizer of the model's
-    parameters (a fused one does not count its writes). An edit through `p.data.mul_(...)` or a NumPy view is
-    not counted (`.data` has a version counter of its own): call `accelerate`
-    again after one. Passes that torch.compile or torch.jit.trace record take
+    parameters (a fused one does not count its writes). An edit through
+    `p.data.mul_(...)` or a NumPy view is not counted (`.data` has a version
+    counter of its own): call `accelerate` again after one. Passes that torch.compile or torch.jit.trace record take
     the readable path (the recording is of tensor operations).
 
     Returns:
