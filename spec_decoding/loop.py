@@ -79,8 +79,8 @@ def speculative_generate(
             K that maximises expected tokens per second at the running
             acceptance rate (calibrated once per pair and machine, then
             cached: see schedule.py); "heuristic", Hugging Face's +2/-1 rule;
-            or a `GammaSchedule` (one sequence only). The output does not
-            depend on it.
+            or a `GammaSchedule` (one sequence only). The greedy output and
+            the sampled output's distribution do not depend on it.
         tree: a token tree instead of a chain, a TreeShape or text such as
             "3,2,1,1" (tree_loop.py); give exactly one of gamma and tree.
         max_new_tokens: the most tokens to add.

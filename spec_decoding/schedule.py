@@ -11,8 +11,8 @@ Legend: K = tokens drafted in a step (γ), α = acceptance rate, α̂ = its esti
 - `HeuristicGamma`: Hugging Face's `num_assistant_tokens_schedule="heuristic"`,
   K + 2 after a step that accepted every draft, K - 1 otherwise.
 
-A schedule chooses K only from what is already committed, so the output is the
-same for every schedule: greedy the target's, sampled the target's distribution.
+K comes from earlier steps only, before the step's draws, so every schedule gives
+the target's greedy output and sampled distribution (not the same seeded sample).
 """
 
 from __future__ import annotations

@@ -245,9 +245,10 @@ class TreeDrafter:
 
         Static: branching[depth - 1] each, in order, until the budget is spent.
         Dynamic: the level keeps the `width` candidates (node v's i-th child)
-        of highest path probability values[v] * (i-th largest of q_v). Only
-        the parents' distributions decide, never the children drawn, which
-        keeps sampled trees lossless.
+        of highest path probability values[v] * (i-th largest of q_v). The
+        counts are set from this level's path probabilities and distributions
+        before any child is drawn, never from the children drawn, which keeps
+        sampled trees lossless.
         """
         most = probs.size(-1) - self.spare_tokens  # per node: no more distinct tokens can follow it
         if shape.is_static:
