@@ -3,7 +3,7 @@
 A decode step reads every weight once, so on a CPU it should cost what
 reading the weights costs, and verifying a few drafted tokens in one pass
 barely more. This subpackage streams each weight once for all rows
-(csrc/linear.c), reads the KV cache once for all queries (csrc/attention.c)
+(csrc/linear.c), reads each cached key once for all queries (csrc/attention.c)
 and runs every block of a pass in one C call (csrc/blocks.c). A position's
 logits do not depend on how many rows share its pass, so greedy speculative
 decoding reproduces greedy decoding bit for bit. Measured: docs/performance.md.
@@ -12,7 +12,7 @@ decoding reproduces greedy decoding bit for bit. Measured: docs/performance.md.
     fast.accelerate(model)              # load_model does this by default on a CPU
     fast.accelerate(model, int8=True)   # and rounds the weights to int8 first
     print(fast.status(model))           # which path runs, and why
-    model.accelerator = None            # back to the readable path (GPT2_PLAIN_LINEAR=1: every model)
+    model.accelerator = None            # back to the readable path (GPT2_PLAIN_LINEAR=1: every model loaded)
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .quantize import quantize_model_int8
 if TYPE_CHECKING:
     from gpt2.model import GPT2
 
-READABLE_ENV = "GPT2_PLAIN_LINEAR"  # =1: the readable path everywhere
+READABLE_ENV = "GPT2_PLAIN_LINEAR"  # =1: models loaded or accelerated after it is set keep the readable path
 
 __all__ = ["READABLE_ENV", "accelerate", "status"]
 

@@ -138,7 +138,7 @@ class FastGPT2:
     seam's methods (`run_blocks`, `head`), callers may read:
         model     a weak reference to the model it runs
         kernels   the loaded C library (`kernels.path`: its file)
-        int8      whether matrices were packed from int8 levels
+        int8      whether int8 was asked for (`weights`: what is packed)
         threads   the ThreadChooser, or None: always torch.get_num_threads()
         packed    name -> PackedWeight: the kernels' copy of each matrix they read
         takes(model, x, cache, mask), block_table(model): whether a pass runs
@@ -343,7 +343,7 @@ class FastGPT2:
     def parameters_now(self, model: GPT2) -> list[torch.Tensor] | None:
         """Every block parameter in BlockPointers order, then ln_f and wte,
         looked up through the modules' own dicts (attribute access on an
-        nn.Module costs 20x a dict lookup, and this runs at every pass).
+        nn.Module is far slower than a dict lookup, and this runs at every pass).
         None unless every module the kernels stand in for is the stock one, as
         the readable path would run it: no forward hook (its own or a global
         one), not replaced or subclassed (an adapter, a parametrization), no
@@ -372,8 +372,9 @@ class FastGPT2:
 
     def block_table(self, model: GPT2) -> ctypes.Array | None:
         """The pointer table of the parameters as they are now (rebuilt, and
-        changed weights packed again, whenever a parameter changed); None if
-        one is not CPU float32 and contiguous."""
+        changed weights packed again, whenever a parameter changed); None
+        where the readable path must run (`parameters_now`), or a parameter
+        is not CPU float32 and contiguous, or not of the packed shapes."""
         tensors = self.parameters_now(model)
         if tensors is None:
             return None

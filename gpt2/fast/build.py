@@ -3,11 +3,11 @@ loads it with ctypes.
 
 The kernels are plain C with AVX2 + FMA intrinsics (and AVX-512's 512-bit
 multiply-adds where the CPU has them) and OpenMP: no PyTorch headers, no build
-step at install time. They are compiled on first use (`$CC`, else `cc`; about
-a second) into a cache folder, under a name hashed from all that goes into
-them, so an edited source or another compiler builds anew; beside it, its
-SHA-256: a file that does not match (cut short by a crash or a partial copy,
-which would kill the process in the system loader) is built again.
+step at install time. They are compiled on first use (`$CC`, else `cc`) into
+a cache folder, under a name hashed from the sources, the compile command, its
+flags and the platform, so an edited source or another command builds anew;
+beside it, its SHA-256: a file that does not match (cut short by a crash or a
+partial copy, which would kill the process in the loader) is built again.
 
 Environment:
     CC                 the C compiler, possibly with arguments ("ccache gcc"; default `cc`)
@@ -45,8 +45,8 @@ HEADERS = (CSRC / "vector_math.h",)  # included by the sources: part of the reci
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 # Where the CPU has AVX-512 (as PyTorch counts it: F, BW, VL, DQ, and as the CPU's own flags say, since
 # ATEN_CPU_CAPABILITY changes only what PyTorch reports), the kernels may also use its 32 vector registers and
-# 512-bit multiply-adds (linear.c, from 6 rows). The flags are part of the library's name, so a cache shared with an
-# AVX2-only machine never hands it this build.
+# 512-bit multiply-adds (linear.c: float32 from 6 rows, int8 at every row count). The flags are part of the
+# library's name, so a cache shared with an AVX2-only machine never hands it this build.
 AVX512_FLAGS = ("-mavx512f", "-mavx512vl")
 LIBRARIES = ("-lm",)
 COMPILE_TIMEOUT_S = 120
@@ -125,7 +125,8 @@ def compile_library(cc: list[str], library: Path) -> None:
     renamed), then writes its digest beside it (`digest_path`).
 
     Raises:
-        RuntimeError: the compiler failed (the message has its last line) or wrote nothing.
+        RuntimeError: the compiler failed (the message has its last line) or wrote nothing;
+        subprocess.TimeoutExpired, OSError: it ran too long or could not run (`load` catches all three).
     """
     library.parent.mkdir(parents=True, exist_ok=True)
     umask = os.umask(0)

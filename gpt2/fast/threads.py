@@ -2,7 +2,7 @@
 
 On a quiet machine every core helps. When another process keeps a core
 busy, the thread that shares that core runs only part of the time, and each
-of the few hundred parallel loops of a pass waits at its end for it: the
+of the tens to hundreds of parallel loops of a pass waits at its end for it: the
 whole pass slows to the pace of the shared core. One thread fewer then wins.
 So every pass is timed, and now and then run with one thread fewer or more;
 the count moves where passes of the same size ran faster. Probes grow rare
@@ -25,7 +25,7 @@ import torch
 
 Result = TypeVar("Result")
 
-FIRST_PROBE = 8  # passes before the first probe, and after a change of load
+FIRST_PROBE = 8  # passes before the first probe, and again once a probe has moved the count
 LAST_PROBE = 256  # the longest interval between two probes
 LAST_PROBE_BELOW = 32  # the same while running with fewer than all threads
 WIN = 0.9  # a probe must be this much faster (time ratio) to move the count
@@ -48,8 +48,8 @@ class ThreadChooser:
         self.jumps = 0  # passes in a row far from their usual time
 
     def run(self, size: int, work: Callable[[], Result]) -> Result:
-        """work() with the chosen number of threads; `size` (e.g. rows in the
-        pass) keys the times, so only passes of one size are compared."""
+        """work() with the chosen number of threads; `size` (the tokens of the
+        pass, B x T) keys the times, so only passes of one size are compared."""
         most = self.most = torch.get_num_threads()
         if most == 1:
             return work()

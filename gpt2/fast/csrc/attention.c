@@ -10,8 +10,8 @@
  * u <= t, without a mask; its ancestors in a token tree). A mask W > T wide
  * covers a window of the W - T last cached keys and then the new tokens:
  * query t sees the keys before the window, and the window keys the mask
- * allows (a tree drafted one depth per pass). Each cached key and value is
- * read once for all T queries.
+ * allows (a tree drafted one depth per pass). Each cached key is read once
+ * for all T queries; the values once per query.
  *
  * Batch invariance: a query's result depends only on the keys it sees, never
  * on T, B or where its keys sit in the cache. Every score is the same 8-lane
@@ -22,7 +22,8 @@
  * at the end of a tree path and in a prefill chunk.
  *
  * Per (b, h), in three passes over this row's keys:
- *   1. scores s[t][i] = scale * q_t . k_i over the seen keys, compacted;
+ *   1. scores s[t][i] = scale * q_t . k_i over the cached keys and the new
+ *      ones each query sees, then compacted to the seen keys;
  *   2. softmax: p[t][i] = exp(s[t][i] - max_t), and 1 / sum;
  *   3. y_t = (sum_i p[t][i] v_i) / sum, written into y's (B, T, nh, hs) layout.
  * (b, h) pairs are handed to threads dynamically (OpenMP).

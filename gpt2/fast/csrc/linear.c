@@ -222,7 +222,7 @@ static inline __attribute__((always_inline)) void prefetch_share(const char *nex
  * output o + 2p + 1's: the sums of the 256-bit loops, bit for bit, at half
  * the multiply-adds. Two groups load 4 registers of W per block for 6 rows
  * instead of 2 for 12: fewer loads of x per multiply-add, and a tile's x
- * (6 rows of 1280 floats) fits in L1. `fetch`: prefetch the groups' own W
+ * (6 rows of IN floats: 30 KB at IN = 1280) stays in cache. `fetch`: prefetch the groups' own W
  * (`prefetch_ahead`, `prefetch_near`). */
 static inline __attribute__((always_inline)) void wide_tile(
     const float *x, const float *w, const float *bias, float *y, int64_t in, int64_t out, int64_t o,
