@@ -210,7 +210,8 @@ def run(args: argparse.Namespace, sampling, tree, prompt: str) -> int:
     color = wants_color(sys.stdout, no_color=args.no_color, json_output=args.json)
     if out is not None:
         report.print_header(
-            draft=drafter_name, target=args.target, gamma=args.gamma, tree=tree, target_n_ctx=target.config.n_ctx,
+            draft=drafter_name, target=args.target, gamma=args.gamma, tree=tree if args.gamma is None else None,
+            target_n_ctx=target.config.n_ctx,
             max_gen=args.max_gen,
             decoding=report.describe_decoding(sampling, args.seed), device=device, dtype=dtype, quantize=quantize,
             color=color,
@@ -686,10 +687,7 @@ def run_command(argv: list[str] | None) -> int:
         args = build_parser().parse_args(argv)  # --help writes its text here
         sampling = check_settings(args)
         tree = check_tree(args)
-        if args.prompts_file is not None:
-            if tree is not None or args.show_tree:
-                raise ValueError("token trees decode one prompt at a time: drop --tree (or --show-tree) with "
-                                 "--prompts-file")
+        if args.prompts_file is not None:  # a fixed chain: check_settings refused trees and --show-tree
             code = run_file(args, sampling, read_prompts_file(args.prompts_file))
         else:
             code = run(args, sampling, tree, read_prompt(args))

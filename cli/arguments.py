@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode every prompt of FILE instead of --prompt: one prompt per line, or JSON Lines with a "
         '"prompt" field on each line ({"prompt": "..."}); --batch-size of them at a time, printed as one block '
         "per prompt in input order (with --json, one JSON object per prompt, one per line); a draft model's "
-        "chain of a fixed --gamma, so not with --draft ngram, --draft-p-min, a named --gamma, a tree or --compare",
+        "chain of a fixed --gamma, so not with --draft ngram, --draft-p-min, a named --gamma, a tree, --show-tree or "
+        "--compare",
     )
     parser.add_argument(
         "--batch-size", type=int, default=None,
@@ -215,8 +216,6 @@ def check_settings(args: argparse.Namespace):
         raise ValueError("--weights-dir is empty: give the folder for downloads, or leave it out for weights/")
     if args.prompts_file is not None and args.prompt is not None:
         raise ValueError("give --prompt or --prompts-file, not both")
-    if args.prompts_file is not None and args.compare:
-        raise ValueError("--compare works with one --prompt, not with --prompts-file")
     try:
         return SamplingConfig(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
@@ -238,14 +237,18 @@ def gamma_value(text: str) -> int | str:
 
 def check_drafter(args: argparse.Namespace) -> None:
     """--ngram, --draft-p-min, --draft-quantize and a named --gamma against
-    --draft and the other ways to decode.
+    --draft and the other ways to decode. Each refusal names every flag in
+    the way, so that following its advice never leads to another refusal of
+    the same flags.
 
     Raises:
         ValueError: --ngram below 1 or without --draft ngram; --draft-p-min
             outside [0, 1]; --draft-p-min or --draft-quantize with --draft
-            ngram, which has no model; prompt lookup, --draft-p-min or a
-            named --gamma with a token tree, --show-tree or --prompts-file
-            (they decode one chain, which --show-tree cannot draw).
+            ngram, which has no model; --prompts-file (a draft model's chain
+            of a fixed --gamma for every prompt) with prompt lookup,
+            --draft-p-min, a named --gamma, a tree flag, --show-tree or
+            --compare; those three with a token tree, or with --show-tree
+            (which draws a draft model's fixed chain, or a tree).
     """
     from gpt2.generate import check_integer
 
@@ -260,19 +263,28 @@ def check_drafter(args: argparse.Namespace) -> None:
         for flag, value in (("--draft-p-min", args.draft_p_min), ("--draft-quantize", args.draft_quantize)):
             if value is not None:
                 raise ValueError(f"{flag} is for a draft model; --draft {NGRAM_DRAFT} has none: leave out {flag}")
-    drafts_tree = args.tree is not None or args.tree_nodes is not None
+    tree_flags = [flag for flag, given in (("--tree", args.tree is not None), ("--tree-nodes", args.tree_nodes
+                  is not None), ("--tree-depth", args.tree_depth is not None)) if given]
+    lookup = f"--draft {NGRAM_DRAFT}" + ("" if args.ngram is None else f" --ngram {args.ngram}")
     chain_only = [f"--gamma {args.gamma}"] if isinstance(args.gamma, str) else []
-    chain_only += [f"--draft {NGRAM_DRAFT}"] if args.draft == NGRAM_DRAFT else []
+    chain_only += [lookup] if args.draft == NGRAM_DRAFT else []
     chain_only += ["--draft-p-min"] if args.draft_p_min is not None else []
-    for option in chain_only:
-        if drafts_tree:
-            tree_flags = "--tree, --tree-nodes and --show-tree" if args.show_tree else "--tree and --tree-nodes"
-            raise ValueError(f"{option} drafts a chain, one sequence: leave out {tree_flags}")
-        if args.show_tree:
-            raise ValueError(f"--show-tree draws only a draft model's chain of a fixed --gamma, or a token tree: "
-                             f"leave out {option} or --show-tree")
-        if args.prompts_file is not None:
-            raise ValueError(f"{option} works with one --prompt, not with --prompts-file")
+    if args.prompts_file is not None:
+        in_the_way = chain_only + tree_flags + ["--show-tree"] * args.show_tree + ["--compare"] * args.compare
+        if in_the_way:
+            raise ValueError(f"--prompts-file decodes every prompt with a draft model's chain of a fixed --gamma: "
+                             f"leave out {and_list(in_the_way)}, or give one --prompt instead")
+    if chain_only and tree_flags:
+        raise ValueError(f"{and_list(chain_only)} draft{'s' * (len(chain_only) == 1)} a chain, one sequence: leave out "
+                         f"{and_list(tree_flags + ['--show-tree'] * args.show_tree)}")
+    if chain_only and args.show_tree:
+        raise ValueError(f"--show-tree draws only a draft model's chain of a fixed --gamma, or a token tree: "
+                         f"leave out --show-tree, or {and_list(chain_only)}")
+
+
+def and_list(items: list[str]) -> str:
+    """The items as a sentence lists them: a; a and b; a, b and c."""
+    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
 
 
 def check_tree(args: argparse.Namespace):

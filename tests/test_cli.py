@@ -494,6 +494,9 @@ def test_show_tree_draws_a_chain_as_a_tree_with_the_same_output(capsys, folders,
     assert_ok(drawn)
     assert json.loads(drawn.stdout)["token_ids"] == chain["token_ids"]
     assert "└── " in drawn.stderr and "├── " not in drawn.stderr, "one child per node"
+    shown = run_main(capsys, *local_models(folders), "--gamma", "3", "--show-tree", "--max-gen", "4")
+    assert_ok(shown)
+    assert " proposes 3 tokens per step, " in shown.stdout.splitlines()[0], "the header names the chain, not 1,1,1"
 
 
 # ---------------------------------------------------------------------------
@@ -944,12 +947,20 @@ def test_compare_report_blames_the_prefill_only_where_it_can_close_the_gap(folde
         (["--draft", "ngram", "--draft-p-min", "0.3"], "--draft-p-min is for a draft model; --draft ngram"),
         (["--draft-p-min", "1.5"], "--draft-p-min must be a probability in [0, 1], got 1.5"),
         (["--gamma", "auto", "--tree", "2,1"], "--gamma auto drafts a chain, one sequence: leave out --tree"),
-        (["--draft", "ngram", "--show-tree"], "--show-tree draws only a draft model's chain of a fixed --gamma, "
-                                              "or a token tree: leave out --draft ngram or --show-tree"),
+        (["--draft", "ngram", "--ngram", "2", "--show-tree"], "--show-tree draws only a draft model's chain of a "
+                                                             "fixed --gamma, or a token tree: leave out --show-tree, "
+                                                             "or --draft ngram --ngram 2"),
         (["--draft-p-min", "0.2", "--tree", "2,1", "--show-tree"],
-         "--draft-p-min drafts a chain, one sequence: leave out --tree, --tree-nodes and --show-tree"),
+         "--draft-p-min drafts a chain, one sequence: leave out --tree and --show-tree"),
+        # --tree-depth alone is a tree flag too (it once asked for --tree-nodes, which then was refused)
+        (["--draft", "ngram", "--gamma", "auto", "--tree-depth", "2"],
+         "--gamma auto and --draft ngram draft a chain, one sequence: leave out --tree-depth"),
         (["--gamma", "heuristic", "--prompts-file", "prompts.txt"],
-         "--gamma heuristic works with one --prompt, not with --prompts-file"),
+         "--prompts-file decodes every prompt with a draft model's chain of a fixed --gamma: leave out "
+         "--gamma heuristic, or give one --prompt instead"),
+        # every flag in the way at once (leaving out one of them was refused for the others)
+        (["--prompts-file", "prompts.txt", "--tree-nodes", "4", "--tree-depth", "2", "--show-tree", "--draft-p-min",
+          "0.1"], "leave out --draft-p-min, --tree-nodes, --tree-depth and --show-tree, or give one --prompt instead"),
         (["--max-gen", "0"], "--max-gen must be an integer >= 1, got 0"),
         (["--temperature", "-0.5"], "--temperature must be a number >= 0 (0 = greedy) and <= 3.4e+38, got -0.5"),
         (["--temperature", "nan"], "--temperature must be a number >= 0 (0 = greedy) and <= 3.4e+38, got nan"),
@@ -979,8 +990,8 @@ def test_compare_report_blames_the_prefill_only_where_it_can_close_the_gap(folde
     ],
     ids=["gamma-0", "gamma-negative", "gamma-abc", "gamma-bool", "gamma-float", "gamma-Auto", "ngram-0",
          "ngram-without-ngram-draft", "ngram-draft-quantize", "ngram-p-min", "p-min-1.5", "auto-tree", "ngram-tree",
-         "p-min-tree-shown",
-         "heuristic-file", "max-gen-0", "negative-temperature", "nan-temperature",
+         "p-min-tree-shown", "depth-alone-with-chain-options",
+         "heuristic-file", "file-with-everything", "max-gen-0", "negative-temperature", "nan-temperature",
          "inf-temperature", "top-p-0", "top-p-1.5", "top-p-nan", "top-k-0", "weights-dir-blank",
          "top-k-bool", "seed-float", "empty-prompt",
          "unknown-device", "tree-0", "tree-text", "tree-empty", "tree-nodes-alone", "tree-depth-alone",
@@ -1442,11 +1453,13 @@ def test_a_filter_that_keeps_one_token_samples_the_greedy_text_alone_and_batched
         ('{"prompt": "caf\\udce9"}\n', [], "the prompt of line 1 of {path} is not UTF-8 text"),
         ("Hello\n", ["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
         ("Hello\n", ["-p", "Hi"], "give --prompt or --prompts-file, not both"),
-        ("Hello\n", ["--compare"], "--compare works with one --prompt"),
+        ("Hello\n", ["--compare"], "--prompts-file decodes every prompt with a draft model's chain of a fixed "
+                                   "--gamma: leave out --compare, or give one --prompt instead"),
+        ("Hello\n", ["--tree", "2", "--show-tree"], "leave out --tree and --show-tree, or give one --prompt instead"),
     ],
     ids=["empty-file", "empty-line", "blank-line", "line-too-long", "jsonl-no-prompt", "jsonl-broken",
          "jsonl-surrogate",
-         "batch-size-0", "prompt-and-file", "compare"],
+         "batch-size-0", "prompt-and-file", "compare", "tree"],
 )
 def test_bad_prompts_files(tmp_path, capsys, folders, single_thread, content, args, message):
     path = tmp_path / "prompts.txt"
