@@ -263,8 +263,8 @@ def check_drafter(args: argparse.Namespace) -> None:
         for flag, value in (("--draft-p-min", args.draft_p_min), ("--draft-quantize", args.draft_quantize)):
             if value is not None:
                 raise ValueError(f"{flag} is for a draft model; --draft {NGRAM_DRAFT} has none: leave out {flag}")
-    tree_flags = [flag for flag, given in (("--tree", args.tree is not None), ("--tree-nodes", args.tree_nodes
-                  is not None), ("--tree-depth", args.tree_depth is not None)) if given]
+    tree_options = {"--tree": args.tree, "--tree-nodes": args.tree_nodes, "--tree-depth": args.tree_depth}
+    tree_flags = [flag for flag, value in tree_options.items() if value is not None]
     lookup = f"--draft {NGRAM_DRAFT}" + ("" if args.ngram is None else f" --ngram {args.ngram}")
     chain_only = [f"--gamma {args.gamma}"] if isinstance(args.gamma, str) else []
     chain_only += [lookup] if args.draft == NGRAM_DRAFT else []
