@@ -308,7 +308,9 @@ def resolve_source(source: str | Path, weights_dir: str | Path | None = None) ->
     if written_as_path or ("/" in text and is_folder(folder)):  # models/gpt2: a folder here, not a Hub repo
         if is_folder(folder):
             config = folder / "config.json"
-            what = "has a config.json that is not a file" if looked_up(config.exists) else "has no config.json"
+            what = ("has a config.json that is not a file" if looked_up(config.exists)
+                    else "has a config.json that is a broken link" if looked_up(config.is_symlink)
+                    else "has no config.json")
             raise FileNotFoundError(
                 f"{folder} {what}: a model folder needs config.json and model.safetensors "
                 "(as downloaded from the Hugging Face Hub)"

@@ -428,6 +428,10 @@ def test_missing_config_json_raises_file_not_found(folder):
     (folder / "config.json").mkdir()  # a folder in its place
     with pytest.raises(FileNotFoundError, match="has a config.json that is not a file: a model folder needs"):
         load_model(folder)
+    (folder / "config.json").rmdir()
+    (folder / "config.json").symlink_to(folder / "gone.json")
+    with pytest.raises(FileNotFoundError, match="has a config.json that is a broken link: a model folder needs"):
+        load_model(folder)
 
 
 def test_missing_safetensors_raises_file_not_found(folder):
