@@ -334,7 +334,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="results folder")
     args = p.parse_args(argv)
-    pair_names(args)
+    pair_names(args, presets=True)
     for name in ("batch_sizes", "gammas", "step_batches"):
         if min(getattr(args, name)) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must all be >= 1")

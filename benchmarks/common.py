@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from typing import NoReturn
 
 import torch
 
-from gpt2 import GPT2, GPT2Config, fast, init_random_weights, load_model, load_tokenizer, preset
+from gpt2 import GPT2, PRESETS, GPT2Config, fast, init_random_weights, load_model, load_tokenizer, preset
 from gpt2 import resolve_device, resolve_dtype
 from gpt2.fast.quantize import quantize_model_int8, resolve_quantize
 from gpt2.hub import resolve_source
@@ -44,16 +45,44 @@ TINY_DRAFT = GPT2Config(n_layer=1, n_head=2, n_embd=64)
 
 def shape(name: str) -> GPT2Config:
     """A preset's config ("gpt2", "gpt2-large", ...) or a tiny one ("tiny", "tiny-draft")."""
-    return {"tiny": TINY_TARGET, "tiny-draft": TINY_DRAFT}.get(name) or preset(name)
+    tiny = {"tiny": TINY_TARGET, "tiny-draft": TINY_DRAFT}
+    if name in tiny:
+        return tiny[name]
+    try:
+        return preset(name)
+    except ValueError:
+        raise ValueError(f"no preset named {name!r}: choose one of {', '.join([*PRESETS, *tiny])}") from None
 
 
-def pair_names(args: argparse.Namespace, target: str = "gpt2-large", draft: str = "gpt2") -> tuple[str, str]:
+def pair_names(args: argparse.Namespace, *, presets: bool, target: str = "gpt2-large",
+               draft: str = "gpt2") -> tuple[str, str]:
     """Sets and returns (args.target, args.draft): "tiny" and "tiny-draft" with --tiny, else the names given,
-    `target` and `draft` where none was given (the parser's defaults are None). --tiny with --target or --draft
-    is a ValueError: it would ignore them."""
-    given = [f"--{role} {getattr(args, role)}" for role in ("target", "draft") if getattr(args, role) is not None]
+    `target` and `draft` where none was given (the parser's defaults are None). `presets`: the names are shapes
+    for random weights (`shape`), checked here, before any model is built; else Hub ids or folders.
+
+    Raises:
+        ValueError: a name that is empty, or not a shape with `presets`, or a test shape without; --tiny with
+            --target or --draft, or --draft-equals-target with --draft, which would ignore them.
+    """
+    given = {f"--{role}": getattr(args, role) for role in ("target", "draft") if getattr(args, role) is not None}
+    as_typed = {flag: f"{flag} {shlex.quote(name)}" for flag, name in given.items()}
     if args.tiny and given:
-        raise ValueError(f"--tiny builds tiny models of its own: drop {' and '.join(given)}, or drop --tiny")
+        raise ValueError(f"--tiny builds tiny models of its own: drop {' and '.join(as_typed.values())}, or drop "
+                         "--tiny")
+    if getattr(args, "draft_equals_target", False) and "--draft" in given:
+        raise ValueError(f"--draft-equals-target drafts with the target: drop {as_typed['--draft']}, or drop "
+                         "--draft-equals-target")
+    for flag, name in given.items():
+        if not name.strip():
+            raise ValueError(f"{flag} is empty: give a model, or leave it out for the default")
+        if presets:
+            try:
+                shape(name)
+            except ValueError as e:
+                raise ValueError(f"{flag}: {e}") from None
+        elif name in ("tiny", "tiny-draft"):
+            raise ValueError(f"{flag} {name} is a test shape, not a checkpoint: pass --tiny for the tiny pair (or "
+                             "--random-weights)")
     if args.tiny:
         args.target, args.draft = "tiny", "tiny-draft"
     else:

@@ -451,7 +451,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/drafting-<UTC time>)")
     args = ap.parse_args(argv)
-    pair_names(args)
+    unused = [f"--{role}" for role, parts in (("target", {"simulated", "ngram"}), ("draft", {"simulated"}))
+              if getattr(args, role) is not None and not parts & set(args.parts)]
+    if unused:  # the noisy part has a pair of its own; prompt lookup drafts without a draft model
+        raise ValueError(f"--parts {' '.join(args.parts)} uses no {' or '.join(unused)}: drop "
+                         f"{' and '.join(unused)}, or add --parts simulated")
+    pair_names(args, presets=True)
     for name in ("max_gen", "repeats", "model_seeds", "ngram", "noisy_prompts", "noisy_seeds"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")

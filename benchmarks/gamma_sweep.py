@@ -438,7 +438,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, name, value)
     if args.tiny and args.random_weights:
         raise ValueError("--tiny and --random-weights are alternatives: pick one")
-    pair_names(args)
+    pair_names(args, presets=args.tiny or args.random_weights)
     if not 1 <= args.prompts <= len(PROMPTS):
         raise ValueError(f"--prompts must be between 1 and {len(PROMPTS)}, got {args.prompts}")
     check_range("--seed", args.seed, -MAX_SEED, MAX_SEED)

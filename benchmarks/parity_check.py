@@ -381,7 +381,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--out", help="results folder (default benchmarks/results/parity-<time>)")
     args = p.parse_args(argv)
-    pair_names(args)
+    pair_names(args, presets=args.tiny or args.random_weights)
     return args
 
 
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         del pair  # frees this dtype's models before the next are built
 
     path = (next(iter(paths.values())) if len(set(paths.values())) == 1
-            else "; ".join(f"{name}: {p}" for name, p in paths.items()) or "no dtype ran")
+            else " | ".join(f"{name}: {p}" for name, p in paths.items()) or "no dtype ran")
     env = environment(device, dtypes[0], models or {"target": args.target, "draft": args.draft}, path)
     env["dtype"] = ", ".join(r.dtype + (" (skipped)" if r.skipped else "") for r in reports)
     settings_dict = {**asdict(settings), "weights": weights, "draft_equals_target": args.draft_equals_target,

@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     check_range("--noisy-prompts", args.noisy_prompts, 1, MAX_NOISY_PROMPTS, " (random prompts, made up front)")
     shapes = {name: parse_shape(name) for name in args.trees}
     chains = range(1, args.max_gamma + 1)
-    pair_names(args)
+    pair_names(args, presets=True)
     n_ctx = min(shape(args.target).n_ctx, shape(args.draft).n_ctx, NOISY_TARGET.n_ctx)
     if args.prefix + max(COST_KS) > n_ctx:
         raise ValueError(f"--prefix {args.prefix} and the cost passes of up to {max(COST_KS)} tokens exceed the "

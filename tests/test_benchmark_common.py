@@ -88,8 +88,34 @@ def test_tiny_refuses_the_model_names_it_would_ignore(module, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("module, args, message", [
+    ("gamma_sweep", ["--draft-equals-target", "--draft", "/no/such"],
+     "--draft-equals-target drafts with the target: drop --draft /no/such, or drop --draft-equals-target"),
+    ("parity_check", ["--tiny", "--draft", " "], "--tiny builds tiny models of its own: drop --draft ' ', or drop"),
+    # a mistyped shape, refused before a random gpt2-large is built (it was built first, then refused)
+    ("gamma_sweep", ["--random-weights", "--draft", "nope"], "--draft: no preset named 'nope': choose one of gpt2, "
+                                                             "gpt2-medium, gpt2-large, gpt2-xl, distilgpt2, tiny, "
+                                                             "tiny-draft"),
+    ("parity_check", ["--random-weights", "--target", "gpt2-huge"], "--target: no preset named 'gpt2-huge'"),
+    ("parity_check", ["--target", ""], "--target is empty: give a model, or leave it out for the default"),
+    ("gamma_sweep", ["--target", "tiny"], "--target tiny is a test shape, not a checkpoint: pass --tiny"),
+    ("drafting", ["--parts", "noisy", "ngram", "--draft", "gpt2"],
+     "--parts noisy ngram uses no --draft: drop --draft, or add --parts simulated"),
+    ("tree_speed", ["--draft", "gpt3"], "--draft: no preset named 'gpt3'"),
+])
+def test_a_model_name_that_would_be_ignored_or_cannot_be_used_is_refused_naming_its_flag(module, args, message,
+                                                                                          tmp_path, capsys):
+    main = importlib.import_module(f"benchmarks.{module}").main
+    assert run_cli(main, [*args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_pair_is_the_names_given_else_gpt2_large_drafted_by_gpt2_and_tiny_its_own():
     args = argparse.Namespace(tiny=False, target=None, draft="distilgpt2")
-    assert pair_names(args) == ("gpt2-large", "distilgpt2") == (args.target, args.draft)
-    assert pair_names(argparse.Namespace(tiny=False, target="gpt2", draft=None)) == ("gpt2", "gpt2")
-    assert pair_names(argparse.Namespace(tiny=True, target=None, draft=None)) == ("tiny", "tiny-draft")
+    assert pair_names(args, presets=True) == ("gpt2-large", "distilgpt2") == (args.target, args.draft)
+    assert pair_names(argparse.Namespace(tiny=False, target="gpt2", draft=None), presets=True) == ("gpt2", "gpt2")
+    assert pair_names(argparse.Namespace(tiny=True, target=None, draft=None), presets=True) == ("tiny", "tiny-draft")
+    folders = argparse.Namespace(tiny=False, target="models/mine", draft="openai-community/gpt2")  # not shapes
+    assert pair_names(folders, presets=False) == ("models/mine", "openai-community/gpt2")

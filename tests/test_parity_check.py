@@ -277,7 +277,7 @@ def test_the_report_names_the_forward_pass_of_each_dtype(tmp_path, fast_kernels)
     assert main(["--tiny", "--dtypes", "float32,bfloat16", "--prompts", "1", "--max-gen", "2",
                  "--out", str(tmp_path)]) == 0
     path = json.loads((tmp_path / "parity.json").read_text())["environment"]["path"]
-    float32, bfloat16 = path.split("; bfloat16: ")  # the float32 kernels; bfloat16 cannot take them
+    float32, bfloat16 = path.split(" | bfloat16: ")  # the float32 kernels; bfloat16 cannot take them
     assert float32.startswith("float32: fast path:") and bfloat16.startswith("readable path"), path
     assert f"- forward pass: {path}" in (tmp_path / "parity.md").read_text()
 
