@@ -194,8 +194,8 @@ def check_settings(args: argparse.Namespace):
     Raises:
         ValueError: a bad --gamma, --max-gen, --temperature, --top-k, --top-p,
             --batch-size (or one without --prompts-file), drafter option
-            (`check_drafter`), an empty --weights-dir, or --prompts-file with
-            --prompt or --compare.
+            (`check_drafter`), an empty --weights-dir, --target or --draft, or
+            --prompts-file with --prompt or --compare.
     """
     from gpt2.generate import check_integer
     from gpt2.sampling import SamplingConfig
@@ -214,6 +214,10 @@ def check_settings(args: argparse.Namespace):
                                     "--batch-size", 1)
     if args.weights_dir is not None and not args.weights_dir.strip():
         raise ValueError("--weights-dir is empty: give the folder for downloads, or leave it out for weights/")
+    for flag, model in (("--target", args.target), ("--draft", args.draft)):
+        if not model.strip():
+            raise ValueError(f"{flag} is empty: give a Hub repo id such as gpt2 or a local folder, or leave it out "
+                             "for the default")
     if args.prompts_file is not None and args.prompt is not None:
         raise ValueError("give --prompt or --prompts-file, not both")
     try:
