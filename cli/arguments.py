@@ -279,7 +279,8 @@ def check_drafter(args: argparse.Namespace) -> None:
             raise ValueError(f"--prompts-file decodes every prompt with a draft model's chain of a fixed --gamma: "
                              f"leave out {and_list(in_the_way)}, or give one --prompt instead")
     if chain_only and tree_flags:
-        raise ValueError(f"{and_list(chain_only)} draft{'s' * (len(chain_only) == 1)} a chain, one sequence: leave out "
+        verb = "drafts" if len(chain_only) == 1 else "draft"
+        raise ValueError(f"{and_list(chain_only)} {verb} a chain, one sequence: leave out "
                          f"{and_list(tree_flags + ['--show-tree'] * args.show_tree)}")
     if chain_only and args.show_tree:
         raise ValueError(f"--show-tree draws only a draft model's chain of a fixed --gamma, or a token tree: "
