@@ -20,10 +20,11 @@
  *
  * One row (a decode step) takes a group's four outputs at once: four chains
  * of multiply-adds, so that each need not wait for its previous one (one
- * output alone is latency-bound). Two rows, and MANY_ROWS or more, take the
- * four outputs against tiles of up to 3 rows; in between, the group's two
- * pairs of outputs take turns against tiles of up to 7 rows
- * (`group_all_rows` says why). Where the library is built for AVX-512
+ * output alone is latency-bound). For float32 W, two rows, and MANY_ROWS or
+ * more, take the four outputs against tiles of up to 3 rows; in between, the
+ * group's two pairs of outputs take turns against tiles of up to 7 rows
+ * (`group_all_rows` says why); int8 W takes the pairs in turn from two rows
+ * on, against tiles of up to INT8_TILE_ROWS. Where the library is built for AVX-512
  * (build.py), WIDE_FROM_ROWS rows or more take 512-bit registers, each
  * holding two outputs' blocks (`wide_tile`): half the multiply-adds; from
  * PAIRS_FROM_ROWS rows, two groups at a time; int8 W takes them at every N
