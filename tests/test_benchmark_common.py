@@ -1,6 +1,6 @@
 """benchmarks/common.py's helpers that no benchmark's own tests pin down: the commit in every result's header,
 where a verification pass stops fitting the context window, the noise of a noisy draft, which vocabulary
-the benchmark prompts are encoded with, and the model names of --tiny and of the default pair."""
+the benchmark prompts are encoded with, and which model names the benchmarks take, fill in or refuse."""
 
 from __future__ import annotations
 
